@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
 
     std::vector<std::shared_ptr<trident::memory_ledger>> ledgers;
     std::vector<double> max_rounding_error(static_cast<std::size_t>(ranks));
+    std::vector<std::string> reports(static_cast<std::size_t>(ranks));  // taken while the state is alive
     for (int r = 0; r < ranks; ++r) ledgers.push_back(std::make_shared<trident::memory_ledger>("rank " + std::to_string(r)));
 
     std::vector<std::thread> threads;
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
         trident::fill_zero(state.exp_avg);
         trident::fill_zero(state.exp_avg_sq);
         max_rounding_error[static_cast<std::size_t>(r)] = worst;
+        reports[static_cast<std::size_t>(r)] = ledgers[static_cast<std::size_t>(r)]->report();
       });
     }
     for (auto& t : threads) t.join();
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
     // the ZeRO paper's stage-0 figure.
     for (int r = 0; r < ranks; ++r) {
       const auto& ledger = *ledgers[static_cast<std::size_t>(r)];
-      std::printf("%s", ledger.report().c_str());
+      std::printf("%s", reports[static_cast<std::size_t>(r)].c_str());
       const double per_parameter = static_cast<double>(ledger.peak(trident::space_kind::host)) / static_cast<double>(parameters);
       std::printf("  peak %.1f bytes/parameter (ZeRO stage 0, mixed-precision Adam: 16), bf16 rounding error <= %.3g\n",
                   per_parameter, max_rounding_error[static_cast<std::size_t>(r)]);

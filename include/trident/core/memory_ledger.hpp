@@ -148,7 +148,7 @@ class memory_ledger {
     std::string out = "memory held by " + label_ + "\n";
     out += pad("space", 8);
     for (std::size_t c = 0; c < mem_category_count; ++c) out += pad(name_of(static_cast<mem_category>(c)), 17);
-    out += pad("total", 12) + pad("peak", 12) + "\n";
+    out += pad("total", 12) + "peak\n";
     bool any = false;
     for (std::size_t s = 0; s < space_kind_count; ++s) {
       const auto kind = static_cast<space_kind>(s);
@@ -156,7 +156,7 @@ class memory_ledger {
       any = true;
       out += pad(name_of(kind), 8);
       for (std::size_t c = 0; c < mem_category_count; ++c) out += pad(human(bytes(kind, static_cast<mem_category>(c))), 17);
-      out += pad(human(bytes(kind)), 12) + pad(human(peak(kind)), 12) + "\n";
+      out += pad(human(bytes(kind)), 12) + human(peak(kind)) + "\n";
     }
     if (!any) out += "(nothing)\n";
     return out;

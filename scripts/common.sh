@@ -1,0 +1,46 @@
+# Shared set-up for scripts/example.sh and scripts/test.sh; sourced, not run.
+# Installs what a fresh Debian 12 machine lacks (as root), or prints the exact apt-get line.
+set -euo pipefail
+
+TRIDENT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TRIDENT_BUILD=${TRIDENT_BUILD:-$TRIDENT_ROOT/build/main}
+TRIDENT_JOBS=${TRIDENT_JOBS:-$(nproc)}
+
+# Debian packages the build, the tests, the benchmarks and the examples use.
+trident_packages=(cmake ninja-build g++ git pkg-config python3 python3-venv
+                  doctest-dev libfmt-dev libbenchmark-dev libopenmpi-dev openmpi-bin libopenblas-dev)
+
+trident_install_packages() {
+  local missing=() p
+  for p in "${trident_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  if [[ $(id -u) -eq 0 ]]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "trident needs these Debian packages; as root, run:" >&2
+    echo "  apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+}
+
+# CUDA lives outside PATH on a stock toolkit install; nvcc found => CUDA parts are compiled.
+trident_find_cuda() {
+  if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+}
+
+trident_configure() {
+  trident_find_cuda
+  echo "== configuring in $TRIDENT_BUILD"
+  cmake -S "$TRIDENT_ROOT" -B "$TRIDENT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+}
+
+trident_build() {
+  echo "== building with $TRIDENT_JOBS jobs"
+  cmake --build "$TRIDENT_BUILD" -j "$TRIDENT_JOBS" "$@"
+}
