@@ -1,0 +1,514 @@
+#pragma once
+// The communicator concept: what every backend (thread ranks, MPI, NCCL) offers, and the
+// front-end that gives them one API and one set of argument checks.
+//
+//   enum class reduce_op                  sum, avg, max, min, prod
+//   template <class T, memory_space S>    space_span: {pointer, size} tagged with the memory space
+//   template <memory_space S>             p2p_op: one send or receive of a grouped exchange
+//   struct collective_call                a type-erased collective, what backends execute
+//   template <class D, memory_space S>    collectives: CRTP front-end (validation, overloads)
+//   concept request<R>                    wait(), test()
+//   concept communicator<C>               what generic code (ZeRO, pipelines, grids) relies on
+//
+// A backend opts in by deriving from collectives<Backend, Space> and providing
+//   int rank() const; int size() const;
+//   void execute(const collective_call&);              run (host backends: complete on return;
+//                                                       NCCL: enqueued on its stream)
+//   request start(const collective_call&);             the asynchronous form
+//   void execute(std::span<const p2p_op<Space>>);      grouped point-to-point
+//   request start(std::span<const p2p_op<Space>>);
+//   void barrier(); void synchronize(); Backend split(int color, int key);
+// or by writing the members the concept checks by hand.
+//
+// Completion: an operation's effects are visible when the backend says it is done, which for
+// host backends is on return (sync) or after wait() (async); for NCCL it is in stream order
+// on the communicator's stream (synchronize() or a request's wait() blocks the host).
+#include <concepts>
+#include <cstddef>
+#include <initializer_list>
+#include <ranges>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "trident/core/buffer.hpp"
+#include "trident/core/dtype.hpp"
+#include "trident/core/error.hpp"
+#include "trident/core/memory_space.hpp"
+
+namespace trident {
+
+//! Reductions every backend supports. `avg` is the sum divided by the group size (integer types:
+//! truncating division of the sum).
+enum class reduce_op { sum, avg, max, min, prod };
+
+constexpr const char* name_of(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::avg: return "avg";
+    case reduce_op::max: return "max";
+    case reduce_op::min: return "min";
+    case reduce_op::prod: return "prod";
+  }
+  return "unknown";
+}
+
+//! The collectives, as backends see them in a collective_call.
+enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
+
+constexpr const char* name_of(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::all_to_all: return "all_to_all";
+  }
+  return "unknown";
+}
+
+//! A view of `size()` elements of T that live in memory space Space. It is what communicators
+//! take, so memory of the wrong kind is a compile-time error where the types tell: a
+//! `buffer<float, cuda_space>` does not convert to `space_span<float, host_space>`, and a
+//! `std::vector` converts only to spans of host-accessible spaces.
+//!
+//!   trident::buffer<float, trident::cuda_space> grads(n);
+//!   nccl.all_reduce(grads, trident::reduce_op::avg);          // fine
+//!   std::vector<float> host(n);
+//!   nccl.all_reduce(host);                                    // does not compile
+//!   nccl.all_reduce(trident::space_span<float, trident::cuda_space>{raw_device_ptr, n});
+template <class T, memory_space Space>
+class space_span {
+ public:
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+  using space = Space;
+
+  constexpr space_span() noexcept = default;
+  //! Wraps memory the caller vouches for (e.g. from another allocator).
+  constexpr space_span(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
+
+  //! From a buffer of the same space (or of any host-accessible space, for a host-accessible one).
+  template <class U, memory_space S2>
+    requires std::convertible_to<U (*)[], T (*)[]> &&
+             (std::same_as<S2, Space> || (S2::host_accessible && Space::host_accessible))
+  constexpr space_span(buffer<U, S2>& b) noexcept : data_(b.data()), size_(b.size()) {}  // NOLINT: implicit by design
+  template <class U, memory_space S2>
+    requires std::convertible_to<const U (*)[], T (*)[]> &&
+             (std::same_as<S2, Space> || (S2::host_accessible && Space::host_accessible))
+  constexpr space_span(const buffer<U, S2>& b) noexcept : data_(b.data()), size_(b.size()) {}  // NOLINT
+
+  //! From any contiguous host range (std::vector, std::array, std::span), for host-accessible spaces.
+  template <class R>
+    requires Space::host_accessible && std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+             (!std::same_as<std::remove_cvref_t<R>, space_span>) &&
+             std::convertible_to<std::remove_reference_t<std::ranges::range_reference_t<R>> (*)[], T (*)[]>
+  constexpr space_span(R&& r) noexcept  // NOLINT: implicit by design
+      : data_(std::ranges::data(r)), size_(static_cast<std::size_t>(std::ranges::size(r))) {}
+
+  //! space_span<T> → space_span<const T>.
+  template <class U>
+    requires(!std::same_as<U, T>) && std::convertible_to<U (*)[], T (*)[]>
+  constexpr space_span(space_span<U, Space> other) noexcept : data_(other.data()), size_(other.size()) {}
+
+  constexpr T* data() const noexcept { return data_; }
+  constexpr std::size_t size() const noexcept { return size_; }
+  constexpr std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  constexpr bool empty() const noexcept { return size_ == 0; }
+  constexpr space_span subspan(std::size_t offset, std::size_t count) const {
+    TRIDENT_EXPECT(offset <= size_ && count <= size_ - offset, "space_span::subspan: [", offset, ", ", offset + count,
+                   ") is outside a span of ", size_, " elements");
+    return {data_ + offset, count};
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+namespace detail {
+
+template <class R, class Space>
+struct span_element {};
+template <class T, class S, class Space>
+struct span_element<space_span<T, S>, Space> {
+  using type = T;
+};
+template <class T, class S, class Space>
+struct span_element<buffer<T, S>, Space> {
+  using type = T;
+};
+template <class T, class S, class Space>
+struct span_element<const buffer<T, S>, Space> {
+  using type = const T;
+};
+template <class R, class Space>
+  requires std::ranges::contiguous_range<R>
+struct span_element<R, Space> {
+  using type = std::remove_reference_t<std::ranges::range_reference_t<R>>;
+};
+
+}  // namespace detail
+
+//! The element type (const-qualified for read-only sources) of something a communicator in
+//! Space accepts.
+template <class R, class Space>
+using span_element_t = typename detail::span_element<std::remove_reference_t<R>, Space>::type;
+
+//! True when `r` can be handed to a communicator working in Space: a space_span or buffer of
+//! that space, or a contiguous host range when Space is host-accessible.
+template <class R, class Space>
+concept span_source = requires { typename span_element_t<R, Space>; } &&
+                      element_type<std::remove_const_t<span_element_t<R, Space>>> &&
+                      std::constructible_from<space_span<span_element_t<R, Space>, Space>, R&>;
+
+template <class Space, class R>
+  requires span_source<R, Space>
+constexpr space_span<span_element_t<R, Space>, Space> as_space_span(R&& r) noexcept {
+  return space_span<span_element_t<R, Space>, Space>(r);
+}
+
+//! One collective, type-erased: what the front-end hands to a backend after checking it.
+//! Counts are in elements of `type`; `send` may equal `recv` (in place).
+struct collective_call {
+  collective kind{};
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t send_count = 0;
+  std::size_t recv_count = 0;
+  dtype type{};
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+};
+
+enum class p2p_kind { send, recv };
+
+//! One send or receive of a grouped exchange. Build them with p2p_op<Space>::send / ::recv.
+//!
+//!   using op = trident::p2p_op<trident::host_space>;
+//!   comm.exchange({op::send(out, next), op::recv(in, prev)});   // a ring shift, no deadlock
+template <memory_space Space>
+struct p2p_op {
+  p2p_kind kind{};
+  void* data = nullptr;
+  std::size_t count = 0;
+  dtype type{};
+  int peer = 0;
+
+  template <class R>
+    requires span_source<R, Space>
+  static p2p_op send(R&& data, int peer) {
+    auto s = as_space_span<Space>(data);
+    using T = std::remove_const_t<span_element_t<R, Space>>;
+    return {p2p_kind::send, const_cast<T*>(s.data()), s.size(), dtype_of<T>, peer};
+  }
+  template <class R>
+    requires span_source<R, Space> && (!std::is_const_v<span_element_t<R, Space>>)
+  static p2p_op recv(R&& data, int peer) {
+    auto s = as_space_span<Space>(data);
+    return {p2p_kind::recv, s.data(), s.size(), dtype_of<std::remove_const_t<span_element_t<R, Space>>>, peer};
+  }
+};
+
+//! An asynchronous operation in flight. wait() blocks until it completes and rethrows its error
+//! (at most once); test() says whether it has completed without blocking.
+template <class R>
+concept request = std::movable<R> && requires(R& r) {
+  r.wait();
+  { r.test() } -> std::same_as<bool>;
+};
+
+namespace detail {
+
+template <class Space, class R>
+constexpr void require_space() {
+  static_assert(span_source<R, Space>,
+                "trident: this communicator works on memory in its own space (Communicator::space): pass a "
+                "trident::buffer<T, Space>, a trident::space_span<T, Space>, or, for host spaces, a contiguous "
+                "range such as std::vector<T>");
+}
+
+template <class In, class Out>
+constexpr void require_same_element() {
+  static_assert(std::is_same_v<std::remove_const_t<In>, std::remove_const_t<Out>>,
+                "trident: send and receive buffers of a collective must have the same element type");
+  static_assert(!std::is_const_v<Out>, "trident: the receive buffer of a collective must be writable");
+}
+
+}  // namespace detail
+
+//! The public face of every backend: checks arguments the same way everywhere (sizes, roots,
+//! peers), turns them into collective_call / p2p_op lists and hands them to the backend's
+//! execute() / start(). All ranks must call collectives in the same order with matching
+//! arguments; backends detect mismatches where they can (the thread backend always does).
+//!
+//!   void step(trident::communicator auto& comm, std::vector<float>& grads) {
+//!     comm.all_reduce(grads, trident::reduce_op::avg);
+//!   }
+template <class Derived, memory_space Space>
+class collectives {
+ public:
+  using space = Space;
+
+  //! out[i] = op over ranks of in[i]; in and out have the same size (out may alias in).
+  template <class In, class Out>
+  void all_reduce(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    self().execute(all_reduce_call(in, out, op));
+  }
+  //! In place: data[i] = op over ranks of data[i].
+  template <class Data>
+  void all_reduce(Data&& data, reduce_op op = reduce_op::sum) {
+    self().execute(all_reduce_call(data, data, op));
+  }
+  //! out (n elements) = chunk `rank()` of op over ranks of in (size() * n elements).
+  template <class In, class Out>
+  void reduce_scatter(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    self().execute(reduce_scatter_call(in, out, op));
+  }
+  //! out (size() * n elements) = every rank's in (n elements), in rank order.
+  template <class In, class Out>
+  void all_gather(In&& in, Out&& out) {
+    self().execute(all_gather_call(in, out));
+  }
+  //! data on every rank = data on `root`.
+  template <class Data>
+  void broadcast(Data&& data, int root) {
+    self().execute(broadcast_call(data, root));
+  }
+  //! out on `root` = op over ranks of in; out is ignored (may be empty) on other ranks.
+  template <class In, class Out>
+  void reduce(In&& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
+    self().execute(reduce_call(in, out, root, op));
+  }
+  //! Chunk j of in (size()/n elements each) goes to rank j, arriving as chunk rank() of its out.
+  template <class In, class Out>
+  void all_to_all(In&& in, Out&& out) {
+    self().execute(all_to_all_call(in, out));
+  }
+  //! Blocking point-to-point; both sides must agree on the size. Use exchange() for anything
+  //! that could deadlock when issued one by one (ring shifts, pipeline stages).
+  template <class Data>
+  void send(Data&& data, int peer) {
+    const p2p_op<Space> op = make_send(data, peer, "send");
+    TRIDENT_EXPECT(peer != self().rank(), "send: rank ", peer, " is this rank; a blocking send to oneself would "
+                   "never complete (use exchange() with a matching recv)");
+    self().execute(std::span<const p2p_op<Space>>(&op, 1));
+  }
+  template <class Data>
+  void recv(Data&& data, int peer) {
+    const p2p_op<Space> op = make_recv(data, peer, "recv");
+    TRIDENT_EXPECT(peer != self().rank(), "recv: rank ", peer, " is this rank; a blocking recv from oneself would "
+                   "never complete (use exchange() with a matching send)");
+    self().execute(std::span<const p2p_op<Space>>(&op, 1));
+  }
+  //! Sends and receives issued together and completed together (NCCL group, MPI Isend/Irecv
+  //! + Waitall). Messages between one pair of ranks match in the order they were issued.
+  void exchange(std::span<const p2p_op<Space>> ops) { self().execute(check_p2p(ops)); }
+  void exchange(std::initializer_list<p2p_op<Space>> ops) { exchange(std::span<const p2p_op<Space>>(ops.begin(), ops.size())); }
+
+  // ---- asynchronous forms: the same checks, a request to wait on ------------------------------
+  template <class In, class Out>
+  auto all_reduce_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    return self().start(all_reduce_call(in, out, op));
+  }
+  template <class Data>
+  auto all_reduce_async(Data&& data, reduce_op op = reduce_op::sum) {
+    return self().start(all_reduce_call(data, data, op));
+  }
+  template <class In, class Out>
+  auto reduce_scatter_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    return self().start(reduce_scatter_call(in, out, op));
+  }
+  template <class In, class Out>
+  auto all_gather_async(In&& in, Out&& out) {
+    return self().start(all_gather_call(in, out));
+  }
+  template <class Data>
+  auto broadcast_async(Data&& data, int root) {
+    return self().start(broadcast_call(data, root));
+  }
+  template <class In, class Out>
+  auto reduce_async(In&& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
+    return self().start(reduce_call(in, out, root, op));
+  }
+  template <class In, class Out>
+  auto all_to_all_async(In&& in, Out&& out) {
+    return self().start(all_to_all_call(in, out));
+  }
+  auto exchange_async(std::span<const p2p_op<Space>> ops) { return self().start(check_p2p(ops)); }
+  auto exchange_async(std::initializer_list<p2p_op<Space>> ops) {
+    return exchange_async(std::span<const p2p_op<Space>>(ops.begin(), ops.size()));
+  }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  int group_size() { return self().size(); }
+
+  template <class In, class Out>
+  static collective_call pair_call(collective kind, In& in, Out& out) {
+    detail::require_space<Space, In>();
+    detail::require_space<Space, Out>();
+    if constexpr (span_source<In, Space> && span_source<Out, Space>) {
+      using TI = span_element_t<In, Space>;
+      using TO = span_element_t<Out, Space>;
+      detail::require_same_element<TI, TO>();
+      auto i = as_space_span<Space>(in);
+      auto o = as_space_span<Space>(out);
+      collective_call call;
+      call.kind = kind;
+      call.send = i.data();
+      call.recv = const_cast<std::remove_const_t<TO>*>(o.data());  // TO is non-const: asserted above
+      call.send_count = i.size();
+      call.recv_count = o.size();
+      call.type = dtype_of<std::remove_const_t<TO>>;
+      return call;
+    } else {
+      return {};
+    }
+  }
+
+  void check_root(const char* what, int root) {
+    TRIDENT_EXPECT(root >= 0 && root < group_size(), what, ": root ", root, " is not a rank of this group of ",
+                   group_size(), " (expected 0..", group_size() - 1, ")");
+  }
+  static void check_disjoint_or_same(const collective_call& c) {
+    const auto* s = static_cast<const std::byte*>(c.send);
+    const auto* r = static_cast<const std::byte*>(c.recv);
+    const std::size_t es = size_of(c.type);
+    if (s == r || c.send_count == 0 || c.recv_count == 0) return;
+    const bool overlap = s < r + c.recv_count * es && r < s + c.send_count * es;
+    TRIDENT_EXPECT(!overlap, name_of(c.kind), ": send and receive buffers overlap without being the same buffer");
+  }
+
+  template <class In, class Out>
+  collective_call all_reduce_call(In& in, Out& out, reduce_op op) {
+    auto c = pair_call(collective::all_reduce, in, out);
+    c.op = op;
+    TRIDENT_EXPECT(c.send_count == c.recv_count, "all_reduce: send has ", c.send_count, " elements but receive has ",
+                   c.recv_count, "; expected the same size");
+    check_disjoint_or_same(c);
+    return c;
+  }
+  template <class In, class Out>
+  collective_call reduce_scatter_call(In& in, Out& out, reduce_op op) {
+    auto c = pair_call(collective::reduce_scatter, in, out);
+    c.op = op;
+    const auto n = static_cast<std::size_t>(group_size());
+    TRIDENT_EXPECT(c.send_count == c.recv_count * n, "reduce_scatter: send has ", c.send_count,
+                   " elements; expected receive size (", c.recv_count, ") x group size (", n, ") = ", c.recv_count * n);
+    // In place means the receive buffer is this rank's chunk of the send buffer (as in NCCL);
+    // any other overlap would be read after being written.
+    const bool in_place = static_cast<const void*>(static_cast<const std::byte*>(c.send) +
+                                                   static_cast<std::size_t>(self().rank()) * c.recv_count * size_of(c.type)) == c.recv;
+    if (!in_place) check_disjoint_or_same(c);
+    return c;
+  }
+  template <class In, class Out>
+  collective_call all_gather_call(In& in, Out& out) {
+    auto c = pair_call(collective::all_gather, in, out);
+    const auto n = static_cast<std::size_t>(group_size());
+    TRIDENT_EXPECT(c.recv_count == c.send_count * n, "all_gather: receive has ", c.recv_count,
+                   " elements; expected send size (", c.send_count, ") x group size (", n, ") = ", c.send_count * n);
+    return c;
+  }
+  template <class Data>
+  collective_call broadcast_call(Data& data, int root) {
+    auto c = pair_call(collective::broadcast, data, data);
+    check_root("broadcast", root);
+    c.root = root;
+    return c;
+  }
+  template <class In, class Out>
+  collective_call reduce_call(In& in, Out& out, int root, reduce_op op) {
+    auto c = pair_call(collective::reduce, in, out);
+    check_root("reduce", root);
+    c.root = root;
+    c.op = op;
+    if (self().rank() == root) {
+      TRIDENT_EXPECT(c.recv_count == c.send_count, "reduce: on the root, receive has ", c.recv_count,
+                     " elements but send has ", c.send_count, "; expected the same size");
+      check_disjoint_or_same(c);
+    } else {
+      c.recv = nullptr;  // other ranks' receive buffers are never touched
+      c.recv_count = 0;
+    }
+    return c;
+  }
+  template <class In, class Out>
+  collective_call all_to_all_call(In& in, Out& out) {
+    auto c = pair_call(collective::all_to_all, in, out);
+    const auto n = static_cast<std::size_t>(group_size());
+    TRIDENT_EXPECT(c.send_count == c.recv_count, "all_to_all: send has ", c.send_count, " elements but receive has ",
+                   c.recv_count, "; expected the same size");
+    TRIDENT_EXPECT(c.send_count % n == 0, "all_to_all: ", c.send_count, " elements do not split into ", n,
+                   " equal chunks (one per rank)");
+    TRIDENT_EXPECT(c.send == c.recv || c.send_count == 0 ||
+                       !(static_cast<const std::byte*>(c.send) < static_cast<std::byte*>(c.recv) + c.recv_count * size_of(c.type) &&
+                         static_cast<std::byte*>(c.recv) < static_cast<const std::byte*>(c.send) + c.send_count * size_of(c.type)),
+                   "all_to_all: send and receive buffers overlap");
+    TRIDENT_EXPECT(c.send != c.recv || c.send_count == 0, "all_to_all: in-place is not supported; use separate send and "
+                   "receive buffers");
+    return c;
+  }
+
+  template <class Data>
+  p2p_op<Space> make_send(Data& data, int peer, const char* what) {
+    detail::require_space<Space, Data>();
+    auto op = p2p_op<Space>::send(data, peer);
+    check_peer(what, peer);
+    return op;
+  }
+  template <class Data>
+  p2p_op<Space> make_recv(Data& data, int peer, const char* what) {
+    detail::require_space<Space, Data>();
+    auto op = p2p_op<Space>::recv(data, peer);
+    check_peer(what, peer);
+    return op;
+  }
+  void check_peer(const char* what, int peer) {
+    TRIDENT_EXPECT(peer >= 0 && peer < group_size(), what, ": peer ", peer, " is not a rank of this group of ",
+                   group_size(), " (expected 0..", group_size() - 1, ")");
+  }
+  std::span<const p2p_op<Space>> check_p2p(std::span<const p2p_op<Space>> ops) {
+    for (const auto& op : ops) {
+      check_peer(op.kind == p2p_kind::send ? "exchange (send)" : "exchange (recv)", op.peer);
+      TRIDENT_EXPECT(op.data != nullptr || op.count == 0, "exchange: an operation with peer ", op.peer, " has ",
+                     op.count, " elements but a null pointer");
+    }
+    return ops;
+  }
+};
+
+//! What generic code may rely on. Checked with float spans of the communicator's space;
+//! every element_type works the same way.
+template <class C>
+concept communicator =
+    std::movable<C> && memory_space<typename C::space> &&
+    requires(C& c, const C& cc, space_span<const float, typename C::space> in, space_span<float, typename C::space> out,
+             std::span<const p2p_op<typename C::space>> ops, reduce_op op, int peer) {
+      { cc.rank() } -> std::same_as<int>;
+      { cc.size() } -> std::same_as<int>;
+      c.all_reduce(in, out, op);
+      c.all_reduce(out, op);
+      c.reduce_scatter(in, out, op);
+      c.all_gather(in, out);
+      c.broadcast(out, peer);
+      c.reduce(in, out, peer, op);
+      c.all_to_all(in, out);
+      c.send(in, peer);
+      c.recv(out, peer);
+      c.exchange(ops);
+      c.barrier();
+      c.synchronize();
+      { c.split(peer, peer) } -> std::same_as<C>;
+      { c.all_reduce_async(in, out, op) } -> request;
+      { c.reduce_scatter_async(in, out, op) } -> request;
+      { c.all_gather_async(in, out) } -> request;
+      { c.broadcast_async(out, peer) } -> request;
+      { c.reduce_async(in, out, peer, op) } -> request;
+      { c.all_to_all_async(in, out) } -> request;
+      { c.exchange_async(ops) } -> request;
+    };
+
+}  // namespace trident
