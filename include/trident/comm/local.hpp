@@ -1,0 +1,727 @@
+#pragma once
+// The thread backend: n ranks as threads of one process, the embedded default that runs
+// anywhere. Collectives are ring algorithms over shared memory, not a lock around a shared sum.
+//
+//   struct local_options       timeout of every wait (default 300 s)
+//   class local_comm           one rank's communicator (models trident::communicator)
+//   struct local_world         local_world::run(n, fn): fn(local_comm&) on n threads
+//
+// How a collective runs. Every rank posts a descriptor of its call (kind, counts, dtype, op,
+// root) and the pointers peers may read, then waits until all ranks have posted the same
+// sequence number; each rank then checks that all descriptors agree (so a mismatch is a
+// usage_error on every rank, not a hang or garbage). The data moves in steps: in step g rank r
+// reads only what its predecessor finished in step g-1 (per-rank progress counters, release /
+// acquire), so the ranks work on different chunks in parallel. Reductions are a ring
+// reduce-scatter (chunk c is combined in the fixed order c+1, c+2, ..., c) followed by a ring
+// all-gather that copies the finished chunks, so every rank ends with bit-identical results and
+// runs are deterministic. A collective ends when every rank has finished reading its peers'
+// memory, so buffers can be reused as soon as the call returns.
+//
+// Failure. An exception escaping fn on one rank aborts the world: every rank blocked in (or
+// later entering) a collective throws trident::error naming the failed rank, and run()
+// rethrows the original exception. A wait longer than the timeout aborts the world the same
+// way, naming the operation and the rank it waited for.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/comm/host_reduce.hpp"
+#include "trident/core/buffer.hpp"
+#include "trident/core/error.hpp"
+
+namespace trident {
+
+//! Options of a local_world.
+struct local_options {
+  //! The longest any rank waits for another inside one operation before the world is aborted.
+  std::chrono::milliseconds timeout{std::chrono::seconds{300}};
+};
+
+class local_comm;
+
+namespace detail {
+
+// Shared by every group (and split) of one local_world::run.
+struct local_world_state {
+  explicit local_world_state(local_options o) : options(o) {}
+  local_options options;
+  std::atomic<bool> aborted{false};
+  std::mutex mutex;
+  std::string reason;     // why it was aborted: the first failure
+  int failed_rank = -1;   // world rank of the first failure
+
+  // Returns true for the first caller only: the root cause.
+  bool abort(int world_rank, const std::string& why) {
+    std::lock_guard lock(mutex);
+    if (aborted.load(std::memory_order_relaxed)) return false;
+    reason = why;
+    failed_rank = world_rank;
+    aborted.store(true, std::memory_order_release);
+    return true;
+  }
+  std::string describe() {
+    std::lock_guard lock(mutex);
+    return detail::concat("rank ", failed_rank, " failed: ", reason);
+  }
+};
+
+// What every rank's communicator does: a collective kind plus barrier and split.
+enum class local_kind : int { barrier = 100, split = 101 };
+
+struct local_descriptor {
+  int kind = 0;  // static_cast<int>(collective) or local_kind
+  collective_call call{};
+  const void* readable = nullptr;  // memory peers read during the algorithm
+  int color = 0;
+  int key = 0;
+};
+
+struct alignas(64) local_slot {
+  std::atomic<std::uint64_t> arrived{0};   // sequence number of the last operation posted
+  std::atomic<std::uint64_t> progress{0};  // seq * step_space + steps completed
+  local_descriptor desc;
+  std::shared_ptr<struct local_group> split_result;  // published by a split's leader
+};
+
+struct local_pending_send {
+  const void* data;
+  std::size_t count;
+  dtype type;
+  int src;
+  bool done = false;
+  std::string error;  // set by the receiver when sizes disagree
+};
+
+struct local_group {
+  local_group(std::shared_ptr<local_world_state> w, std::vector<int> world_ranks)
+      : world(std::move(w)), ranks(std::move(world_ranks)), slots(ranks.size()),
+        channels(ranks.size() * ranks.size()) {}
+  std::shared_ptr<local_world_state> world;
+  std::vector<int> ranks;  // world rank of each group rank
+  std::vector<local_slot> slots;
+  // Point-to-point: FIFO of posted sends per (src, dst), under one mutex.
+  std::mutex p2p_mutex;
+  std::condition_variable p2p_cv;
+  std::vector<std::deque<local_pending_send*>> channels;
+
+  int size() const noexcept { return static_cast<int>(ranks.size()); }
+};
+
+inline constexpr std::uint64_t step_space = std::uint64_t{1} << 20;
+inline std::uint64_t done_mark(std::uint64_t seq) { return seq * step_space + (step_space - 1); }
+
+// Byte range of chunk c when `count` elements are split into n near-equal chunks.
+struct chunking {
+  std::size_t count, n, elem;
+  std::size_t begin(std::size_t c) const { return count * c / n; }
+  std::size_t size(std::size_t c) const { return begin(c + 1) - begin(c); }
+  std::size_t offset_bytes(std::size_t c) const { return begin(c) * elem; }
+};
+
+inline std::size_t mod(long long a, int n) { return static_cast<std::size_t>(((a % n) + n) % n); }
+
+}  // namespace detail
+
+//! One rank of a local_world: a communicator over host memory whose peers are threads.
+//! Move-only; use it from one thread at a time (its asynchronous operations run on a worker
+//! thread of their own, in issue order).
+//!
+//!   trident::local_world::run(4, [](trident::local_comm& comm) {
+//!     std::vector<float> grads(1000, float(comm.rank()));
+//!     comm.all_reduce(grads, trident::reduce_op::avg);       // 1.5 everywhere
+//!   });
+class local_comm : public collectives<local_comm, host_space> {
+ public:
+  class request;
+
+  local_comm(local_comm&& other) noexcept { *this = std::move(other); }
+  // Queued asynchronous work refers to the object that started it: finish it before moving.
+  local_comm& operator=(local_comm&& other) noexcept {
+    if (this != &other) {
+      stop_worker();
+      other.stop_worker();
+      group_ = std::move(other.group_);
+      rank_ = std::exchange(other.rank_, -1);
+      seq_ = std::exchange(other.seq_, 0);
+      scratch_ = std::move(other.scratch_);
+      worker_ = std::move(other.worker_);
+    }
+    return *this;
+  }
+  ~local_comm() { stop_worker(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return group_ ? group_->size() : 0; }
+  //! This rank's number in the whole local_world (differs from rank() after split()).
+  int world_rank() const noexcept { return group_ ? group_->ranks[static_cast<std::size_t>(rank_)] : -1; }
+  const local_options& options() const noexcept { return group_->world->options; }
+
+  void execute(const collective_call& call) {
+    drain();
+    run_collective(call);
+  }
+  void execute(std::span<const p2p_op<host_space>> ops) {
+    drain();
+    run_p2p(ops);
+  }
+  request start(const collective_call& call);
+  request start(std::span<const p2p_op<host_space>> ops);
+
+  void barrier() {
+    drain();
+    detail::local_descriptor d;
+    d.kind = static_cast<int>(detail::local_kind::barrier);
+    const auto seq = post(d);
+    finish(seq);
+  }
+  //! Waits for this rank's outstanding asynchronous operations.
+  void synchronize() { drain(); }
+
+  //! Ranks passing the same colour (>= 0) form a new group, ordered by key, then by rank.
+  local_comm split(int color, int key) {
+    drain();
+    detail::local_descriptor d;
+    d.kind = static_cast<int>(detail::local_kind::split);
+    d.color = color;
+    d.key = key;
+    const auto seq = post(d);
+    const int n = size();
+    for (int p = 0; p < n; ++p) {
+      const int c = slot(p).desc.color;
+      if (c < 0) {
+        finish(seq);
+        throw usage_error(detail::concat("split: rank ", p, " passed colour ", c, "; colours must be >= 0"));
+      }
+    }
+    std::vector<int> members;  // group ranks with my colour, in (key, rank) order
+    for (int p = 0; p < n; ++p)
+      if (slot(p).desc.color == color) members.push_back(p);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return slot(a).desc.key < slot(b).desc.key; });
+    const int leader = *std::min_element(members.begin(), members.end());
+    if (leader == rank_) {
+      std::vector<int> world_ranks;
+      for (int m : members) world_ranks.push_back(group_->ranks[static_cast<std::size_t>(m)]);
+      slot(rank_).split_result = std::make_shared<detail::local_group>(group_->world, std::move(world_ranks));
+      set_progress(seq, 1);
+    } else {
+      wait_progress(leader, seq, 1, "split");
+    }
+    std::shared_ptr<detail::local_group> g = slot(leader).split_result;
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    finish(seq);
+    if (leader == rank_) slot(rank_).split_result.reset();  // safe: everyone has read it
+    return local_comm(std::move(g), new_rank);
+  }
+
+ private:
+  friend struct local_world;
+  local_comm(std::shared_ptr<detail::local_group> g, int rank) : group_(std::move(g)), rank_(rank) {}
+
+  detail::local_slot& slot(int r) const { return group_->slots[static_cast<std::size_t>(r)]; }
+  detail::local_world_state& world() const { return *group_->world; }
+
+  // ---- waiting: spin, then yield, then sleep; abort and timeout checked throughout ----------
+  template <class Ready>
+  void wait_until(Ready ready, const char* what, int peer) const {
+    if (ready()) return;
+    const auto deadline = std::chrono::steady_clock::now() + options().timeout;
+    for (unsigned i = 0;; ++i) {
+      if (ready()) return;
+      if (world().aborted.load(std::memory_order_acquire))
+        throw error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
+      if (i < 2000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(i < 4000 ? 20 : 200));
+        if (std::chrono::steady_clock::now() > deadline) {
+          const std::string why = detail::concat("timed out after ", options().timeout.count(), " ms in ", what,
+                                         " waiting for rank ", peer);
+          world().abort(world_rank(), why);
+          throw error(detail::concat(what, " on rank ", rank_, ": ", why));
+        }
+      }
+    }
+  }
+  void wait_progress(int peer, std::uint64_t seq, std::uint64_t steps, const char* what) const {
+    const std::uint64_t target = seq * detail::step_space + steps;
+    auto& p = slot(peer).progress;
+    wait_until([&] { return p.load(std::memory_order_acquire) >= target; }, what, peer);
+  }
+  void set_progress(std::uint64_t seq, std::uint64_t steps) {
+    slot(rank_).progress.store(seq * detail::step_space + steps, std::memory_order_release);
+  }
+
+  // Publish a descriptor for the next operation and wait until every rank has published its own.
+  std::uint64_t post(const detail::local_descriptor& d) {
+    TRIDENT_EXPECT(group_ != nullptr, "local_comm: used after being moved from");
+    const std::uint64_t seq = ++seq_;
+    auto& mine = slot(rank_);
+    mine.desc = d;
+    mine.progress.store(seq * detail::step_space, std::memory_order_relaxed);
+    mine.arrived.store(seq, std::memory_order_release);
+    const char* what = d.kind < 100 ? name_of(static_cast<collective>(d.kind))
+                                    : (d.kind == static_cast<int>(detail::local_kind::barrier) ? "barrier" : "split");
+    for (int p = 0; p < size(); ++p) {
+      auto& a = slot(p).arrived;
+      wait_until([&] { return a.load(std::memory_order_acquire) >= seq; }, what, p);
+    }
+    // Every rank sees the same descriptors, so every rank reaches the same verdict.
+    for (int p = 0; p < size(); ++p) {
+      const auto& o = slot(p).desc;
+      if (o.kind != d.kind) {
+        const char* theirs = o.kind < 100 ? name_of(static_cast<collective>(o.kind))
+                                          : (o.kind == static_cast<int>(detail::local_kind::barrier) ? "barrier" : "split");
+        finish(seq);
+        throw usage_error(detail::concat(what, " #", seq, ": rank ", p, " called ", theirs, " at the same point; all ranks must "
+                                 "call the same collectives in the same order"));
+      }
+      if (d.kind >= 100) continue;
+      std::string mismatch;
+      if (o.call.type != d.call.type)
+        mismatch = detail::concat("element type: rank ", p, " has ", name_of(o.call.type), ", rank ", rank_, " has ", name_of(d.call.type));
+      else if (o.call.send_count != d.call.send_count)
+        mismatch = detail::concat("element count: rank ", p, " sends ", o.call.send_count, ", rank ", rank_, " sends ", d.call.send_count);
+      else if (o.call.op != d.call.op)
+        mismatch = detail::concat("reduction: rank ", p, " uses ", name_of(o.call.op), ", rank ", rank_, " uses ", name_of(d.call.op));
+      else if (o.call.root != d.call.root)
+        mismatch = detail::concat("root: rank ", p, " names ", o.call.root, ", rank ", rank_, " names ", d.call.root);
+      if (!mismatch.empty()) {
+        finish(seq);
+        throw usage_error(detail::concat(what, " #", seq, ": ranks disagree on the ", mismatch));
+      }
+    }
+    return seq;
+  }
+  // Leave only when every rank is done reading everyone's memory.
+  void finish(std::uint64_t seq) {
+    slot(rank_).progress.store(detail::done_mark(seq), std::memory_order_release);
+    for (int p = 0; p < size(); ++p) wait_progress(p, seq, detail::step_space - 1, "collective completion");
+  }
+
+  std::byte* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_ = buffer<std::byte>(bytes, mem_category::communication);
+    return scratch_.data();
+  }
+
+  // ---- the algorithms ---------------------------------------------------------------------
+  void run_collective(const collective_call& c) {
+    detail::local_descriptor d;
+    d.kind = static_cast<int>(c.kind);
+    d.call = c;
+    const std::size_t elem = size_of(c.type);
+    switch (c.kind) {
+      case collective::all_reduce: d.readable = c.recv; break;
+      case collective::reduce_scatter:
+      case collective::reduce: d.readable = scratch(c.send_count * elem); break;
+      case collective::all_gather: d.readable = c.recv; break;
+      case collective::broadcast: d.readable = c.recv; break;
+      case collective::all_to_all: d.readable = c.send; break;
+    }
+    const std::uint64_t seq = post(d);
+    try {
+      switch (c.kind) {
+        case collective::all_reduce: {
+          const std::byte* final_chunk = ring_reduce_scatter(seq, c, static_cast<std::byte*>(c.recv), nullptr);
+          (void)final_chunk;
+          ring_all_gather(seq, c.type, c.send_count, static_cast<std::byte*>(c.recv), size() - 1);
+          break;
+        }
+        case collective::reduce_scatter:
+          ring_reduce_scatter(seq, c, static_cast<std::byte*>(const_cast<void*>(d.readable)), static_cast<std::byte*>(c.recv));
+          break;
+        case collective::all_gather: {
+          const detail::chunking k{c.recv_count, static_cast<std::size_t>(size()), elem};
+          auto* out = static_cast<std::byte*>(c.recv);
+          const auto me = static_cast<std::size_t>(rank_);
+          if (c.send != out + k.offset_bytes(me)) std::memcpy(out + k.offset_bytes(me), c.send, k.size(me) * elem);
+          set_progress(seq, 1);
+          ring_all_gather(seq, c.type, c.recv_count, out, 1);
+          break;
+        }
+        case collective::broadcast:
+          if (rank_ != c.root && c.recv_count != 0)
+            std::memcpy(c.recv, slot(c.root).desc.readable, c.recv_count * elem);
+          break;
+        case collective::reduce: {
+          auto* acc = static_cast<std::byte*>(const_cast<void*>(d.readable));
+          ring_reduce_scatter(seq, c, acc, acc);
+          if (rank_ == c.root) {
+            const detail::chunking k{c.send_count, static_cast<std::size_t>(size()), elem};
+            for (int p = 0; p < size(); ++p) {
+              wait_progress(p, seq, static_cast<std::uint64_t>(size() - 1), "reduce");
+              const auto pc = static_cast<std::size_t>(p);
+              if (k.size(pc) != 0)
+                std::memcpy(static_cast<std::byte*>(c.recv) + k.offset_bytes(pc),
+                            static_cast<const std::byte*>(slot(p).desc.readable) + k.offset_bytes(pc), k.size(pc) * elem);
+            }
+          }
+          break;
+        }
+        case collective::all_to_all: {
+          const std::size_t chunk = c.send_count / static_cast<std::size_t>(size()) * elem;
+          for (int p = 0; p < size(); ++p)
+            if (chunk != 0)
+              std::memcpy(static_cast<std::byte*>(c.recv) + static_cast<std::size_t>(p) * chunk,
+                          static_cast<const std::byte*>(slot(p).desc.readable) + static_cast<std::size_t>(rank_) * chunk, chunk);
+          break;
+        }
+      }
+    } catch (...) {
+      // Peers may be waiting on this rank's progress; make sure they do not wait in vain.
+      world().abort(world_rank(), detail::concat(name_of(c.kind), " failed on this rank"));
+      throw;
+    }
+    finish(seq);
+  }
+
+  // Ring reduce-scatter over `count = c.send_count` elements. In step s (0..n-2) rank r combines
+  // chunk (r-2-s) of its input with the predecessor's partial (its input at s = 0), so after
+  // n-1 steps rank r holds the full reduction of chunk r, written to `out_chunk` when given
+  // (reduce_scatter) or in place in `acc`. Steps completed are published as progress 1..n-1.
+  const std::byte* ring_reduce_scatter(std::uint64_t seq, const collective_call& c, std::byte* acc, std::byte* out_chunk) {
+    const int n = size();
+    const std::size_t elem = size_of(c.type);
+    const detail::chunking k{c.send_count, static_cast<std::size_t>(n), elem};
+    const auto* in = static_cast<const std::byte*>(c.send);
+    const auto me = static_cast<std::size_t>(rank_);
+    const int pred = (rank_ + n - 1) % n;
+    const int succ = (rank_ + 1) % n;
+    std::byte* final_dst = out_chunk ? (out_chunk == acc ? acc + k.offset_bytes(me) : out_chunk) : acc + k.offset_bytes(me);
+    if (n == 1) {
+      if (final_dst != in && k.size(0) != 0) std::memcpy(final_dst, in, k.size(0) * elem);
+    }
+    for (int s = 0; s < n - 1; ++s) {
+      const std::size_t chunk = detail::mod(rank_ - 2 - s, n);
+      wait_progress(pred, seq, static_cast<std::uint64_t>(s), name_of(c.kind));
+      wait_progress(succ, seq, static_cast<std::uint64_t>(s > 0 ? s - 1 : 0), name_of(c.kind));
+      const std::byte* theirs = (s == 0 ? static_cast<const std::byte*>(slot(pred).desc.call.send)
+                                        : static_cast<const std::byte*>(slot(pred).desc.readable)) +
+                                k.offset_bytes(chunk);
+      std::byte* dst = s == n - 2 ? final_dst : acc + k.offset_bytes(chunk);
+      detail::host_combine(c.type, c.op, dst, theirs, in + k.offset_bytes(chunk), k.size(chunk));
+      // avg: divide before publishing the last step, which is what lets peers copy the chunk.
+      if (s == n - 2 && c.op == reduce_op::avg && k.size(me) != 0) detail::host_divide(c.type, final_dst, k.size(me), n);
+      set_progress(seq, static_cast<std::uint64_t>(s + 1));
+    }
+    return final_dst;
+  }
+
+  // Ring all-gather of the finished chunks of `out` (rank r holds chunk r). Step s pulls chunk
+  // (r-1-s) from the predecessor; steps are numbered from `first_step` in the progress counter.
+  void ring_all_gather(std::uint64_t seq, dtype type, std::size_t count, std::byte* out, int first_step) {
+    const int n = size();
+    const std::size_t elem = size_of(type);
+    const detail::chunking k{count, static_cast<std::size_t>(n), elem};
+    const int pred = (rank_ + n - 1) % n;
+    const int succ = (rank_ + 1) % n;
+    for (int s = 0; s < n - 1; ++s) {
+      const int g = first_step + s;
+      const std::size_t chunk = detail::mod(rank_ - 1 - s, n);
+      wait_progress(pred, seq, static_cast<std::uint64_t>(g), "all_gather");
+      wait_progress(succ, seq, static_cast<std::uint64_t>(g - 1), "all_gather");
+      if (k.size(chunk) != 0)
+        std::memcpy(out + k.offset_bytes(chunk), static_cast<const std::byte*>(slot(pred).desc.readable) + k.offset_bytes(chunk),
+                    k.size(chunk) * elem);
+      set_progress(seq, static_cast<std::uint64_t>(g + 1));
+    }
+  }
+
+  // Sends are posted first, then receives served in order, then this rank waits for its sends
+  // to be taken: any set of exchanges that matches up completes, whatever the issue order.
+  void run_p2p(std::span<const p2p_op<host_space>> ops) {
+    auto& g = *group_;
+    const int n = size();
+    std::vector<detail::local_pending_send> sends;
+    sends.reserve(ops.size());
+    {
+      std::lock_guard lock(g.p2p_mutex);
+      for (const auto& op : ops)
+        if (op.kind == p2p_kind::send) {
+          sends.push_back({op.data, op.count, op.type, rank_, false, {}});
+          g.channels[static_cast<std::size_t>(rank_ * n + op.peer)].push_back(&sends.back());
+        }
+    }
+    g.p2p_cv.notify_all();
+    std::string failure;
+    for (const auto& op : ops) {
+      if (op.kind != p2p_kind::recv) continue;
+      auto& channel = g.channels[static_cast<std::size_t>(op.peer * n + rank_)];
+      std::unique_lock lock(g.p2p_mutex);
+      p2p_wait(lock, [&] { return !channel.empty(); }, "recv", op.peer);
+      detail::local_pending_send* s = channel.front();
+      channel.pop_front();
+      if (s->count != op.count || s->type != op.type) {
+        s->error = detail::concat("send to rank ", rank_, ": ", s->count, " ", name_of(s->type), " elements, but the matching recv "
+                          "expects ", op.count, " ", name_of(op.type));
+        if (failure.empty())
+          failure = detail::concat("recv from rank ", op.peer, ": expected ", op.count, " ", name_of(op.type),
+                           " elements, but the matching send has ", s->count, " ", name_of(s->type));
+      } else if (op.count != 0) {
+        lock.unlock();  // the copy needs no lock: the sender waits for `done`
+        std::memcpy(op.data, s->data, op.count * size_of(op.type));
+        lock.lock();
+      }
+      s->done = true;
+      g.p2p_cv.notify_all();
+    }
+    {
+      std::unique_lock lock(g.p2p_mutex);
+      for (auto& s : sends) {
+        p2p_wait(lock, [&] { return s.done; }, "send", -1);
+        if (failure.empty() && !s.error.empty()) failure = s.error;
+      }
+    }
+    if (!failure.empty()) throw usage_error(failure);
+  }
+
+  template <class Ready>
+  void p2p_wait(std::unique_lock<std::mutex>& lock, Ready ready, const char* what, int peer) {
+    const auto deadline = std::chrono::steady_clock::now() + options().timeout;
+    while (!ready()) {
+      if (world().aborted.load(std::memory_order_acquire)) {
+        // Our posted sends point into our stack: take them back before leaving.
+        withdraw_sends_locked();
+        throw error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        withdraw_sends_locked();
+        const std::string why = detail::concat("timed out after ", options().timeout.count(), " ms in ", what,
+                                       peer >= 0 ? detail::concat(" from rank ", peer) : std::string(" waiting for receivers"));
+        world().abort(world_rank(), why);
+        throw error(detail::concat(what, " on rank ", rank_, ": ", why));
+      }
+      group_->p2p_cv.wait_for(lock, std::chrono::milliseconds(10));
+    }
+  }
+  void withdraw_sends_locked() {
+    const int n = size();
+    for (int p = 0; p < n; ++p) {
+      auto& ch = group_->channels[static_cast<std::size_t>(rank_ * n + p)];
+      std::erase_if(ch, [&](detail::local_pending_send* s) { return s->src == rank_ && !s->done; });
+    }
+  }
+
+  // ---- the asynchronous worker ------------------------------------------------------------
+  struct worker_state {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    std::size_t pending = 0;  // queued + running
+    bool stop = false;
+    std::thread thread;
+  };
+  void enqueue(std::function<void()> task) {
+    if (!worker_) {
+      worker_ = std::make_unique<worker_state>();
+      worker_->thread = std::thread([w = worker_.get()] {
+        std::unique_lock lock(w->mutex);
+        for (;;) {
+          w->cv.wait(lock, [&] { return w->stop || !w->queue.empty(); });
+          if (w->queue.empty()) return;
+          auto t = std::move(w->queue.front());
+          w->queue.pop_front();
+          lock.unlock();
+          t();  // never throws: tasks store their exception in their request
+          lock.lock();
+          --w->pending;
+          w->cv.notify_all();
+        }
+      });
+    }
+    {
+      std::lock_guard lock(worker_->mutex);
+      worker_->queue.push_back(std::move(task));
+      ++worker_->pending;
+    }
+    worker_->cv.notify_all();
+  }
+  void drain() {
+    if (!worker_) return;
+    std::unique_lock lock(worker_->mutex);
+    worker_->cv.wait(lock, [&] { return worker_->pending == 0; });
+  }
+  void stop_worker() noexcept {
+    if (!worker_) return;
+    {
+      std::lock_guard lock(worker_->mutex);
+      worker_->stop = true;
+    }
+    worker_->cv.notify_all();
+    worker_->thread.join();  // runs what is queued first: requests never dangle
+    worker_.reset();
+  }
+
+  std::shared_ptr<detail::local_group> group_;
+  int rank_ = -1;
+  std::uint64_t seq_ = 0;
+  buffer<std::byte> scratch_;
+  std::unique_ptr<worker_state> worker_;
+};
+
+//! An asynchronous operation of a local_comm, running on the rank's worker thread.
+class local_comm::request {
+ public:
+  request() = default;
+  request(request&&) noexcept = default;
+  request& operator=(request&& other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  ~request() { finish_quietly(); }
+
+  //! Blocks until the operation has completed; rethrows its error (once).
+  void wait() {
+    if (!state_) return;
+    auto s = std::move(state_);
+    std::unique_lock lock(s->mutex);
+    s->cv.wait(lock, [&] { return s->done; });
+    if (s->failure) std::rethrow_exception(s->failure);
+  }
+  bool test() {
+    if (!state_) return true;
+    std::lock_guard lock(state_->mutex);
+    return state_->done;
+  }
+
+ private:
+  friend class local_comm;
+  struct state {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr failure;
+  };
+  void finish_quietly() noexcept {
+    if (!state_) return;
+    std::unique_lock lock(state_->mutex);
+    state_->cv.wait(lock, [&] { return state_->done; });
+    state_.reset();
+  }
+  std::shared_ptr<state> state_;
+};
+
+inline local_comm::request local_comm::start(const collective_call& call) {
+  request r;
+  r.state_ = std::make_shared<request::state>();
+  enqueue([this, call, s = r.state_] {
+    std::exception_ptr failure;
+    try {
+      run_collective(call);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::lock_guard lock(s->mutex);
+    s->failure = failure;
+    s->done = true;
+    s->cv.notify_all();
+  });
+  return r;
+}
+
+inline local_comm::request local_comm::start(std::span<const p2p_op<host_space>> ops) {
+  request r;
+  r.state_ = std::make_shared<request::state>();
+  enqueue([this, copy = std::vector<p2p_op<host_space>>(ops.begin(), ops.end()), s = r.state_] {
+    std::exception_ptr failure;
+    try {
+      run_p2p(copy);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::lock_guard lock(s->mutex);
+    s->failure = failure;
+    s->done = true;
+    s->cv.notify_all();
+  });
+  return r;
+}
+
+//! Runs fn(local_comm&) on n threads, one rank each, and waits for all of them. If fn returns
+//! a value, run returns them in rank order. The first exception thrown by any rank aborts the
+//! others (they throw trident::error instead of hanging) and is rethrown here.
+//!
+//!   auto ranks = trident::local_world::run(3, [](trident::local_comm& c) { return c.rank(); });
+//!   // ranks == {0, 1, 2}
+struct local_world {
+  template <class Fn>
+    requires std::invocable<Fn&, local_comm&>
+  static auto run(int n, Fn fn, local_options options = {}) {
+    TRIDENT_EXPECT(n >= 1, "local_world::run: expected at least one rank, got ", n);
+    TRIDENT_EXPECT(options.timeout.count() > 0, "local_world::run: the timeout must be positive, got ",
+                   options.timeout.count(), " ms");
+    using result = std::invoke_result_t<Fn&, local_comm&>;
+    auto world = std::make_shared<detail::local_world_state>(options);
+    std::vector<int> ranks(static_cast<std::size_t>(n));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    auto group = std::make_shared<detail::local_group>(world, std::move(ranks));
+
+    std::vector<std::exception_ptr> failures(static_cast<std::size_t>(n));
+    using stored = std::conditional_t<std::is_void_v<result>, char, result>;
+    std::vector<std::optional<stored>> results(static_cast<std::size_t>(n));
+    auto body = [&](int r) {
+      try {
+        local_comm comm(group, r);
+        if constexpr (std::is_void_v<result>) {
+          fn(comm);
+        } else {
+          results[static_cast<std::size_t>(r)].emplace(fn(comm));
+        }
+        comm.synchronize();
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(r)] = std::current_exception();
+        world->abort(r, e.what());
+      } catch (...) {
+        failures[static_cast<std::size_t>(r)] = std::current_exception();
+        world->abort(r, "an exception not derived from std::exception");
+      }
+    };
+    {
+      std::vector<std::thread> threads;
+      threads.reserve(static_cast<std::size_t>(n));
+      for (int r = 1; r < n; ++r) threads.emplace_back(body, r);
+      body(0);  // rank 0 on the calling thread: n = 1 costs no thread
+      for (auto& t : threads) t.join();
+    }
+    // The root cause is the failure of the rank that aborted the world first (its own exception,
+    // or the timeout it hit); the others only echo it.
+    if (world->aborted.load()) {
+      const int first = world->failed_rank;
+      if (first >= 0 && failures[static_cast<std::size_t>(first)]) std::rethrow_exception(failures[static_cast<std::size_t>(first)]);
+      for (auto& f : failures)
+        if (f) std::rethrow_exception(f);
+      throw error(detail::concat("local_world::run: ", world->describe()));
+    }
+    if constexpr (!std::is_void_v<result>) {
+      std::vector<result> out;
+      out.reserve(static_cast<std::size_t>(n));
+      for (auto& r : results) out.push_back(std::move(*r));
+      return out;
+    }
+  }
+};
+
+static_assert(communicator<local_comm>);
+
+}  // namespace trident

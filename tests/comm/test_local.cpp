@@ -1,0 +1,145 @@
+// The thread backend: the shared suite on n = 1..8 ranks, then what is specific to threads
+// (failure propagation, timeouts, detection of mismatched calls, results returned by run()).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "comm/collective_suite.hpp"
+#include "trident/comm/local.hpp"
+
+using trident::local_comm;
+using trident::local_world;
+
+namespace {
+
+// Every behaviour of the suite on every group size 1..8 (3, 5, 6 and 7 do not divide evenly).
+template <class Body>
+void on_every_size(Body body) {
+  for (int n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    local_world::run(n, [&](local_comm& comm) { body(comm); });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("local: all_reduce, every type x op x size") { on_every_size([](auto& c) { suite::all_reduce(c); }); }
+TEST_CASE("local: all_reduce of 10M floats") {
+  for (int n : {1, 3, 8}) local_world::run(n, [](auto& c) { suite::all_reduce_large(c); });
+}
+TEST_CASE("local: results identical on every rank and run to run") { on_every_size([](auto& c) { suite::deterministic(c); }); }
+TEST_CASE("local: reduce_scatter") { on_every_size([](auto& c) { suite::reduce_scatter(c); }); }
+TEST_CASE("local: all_gather") { on_every_size([](auto& c) { suite::all_gather(c); }); }
+TEST_CASE("local: broadcast") { on_every_size([](auto& c) { suite::broadcast(c); }); }
+TEST_CASE("local: reduce") { on_every_size([](auto& c) { suite::reduce(c); }); }
+TEST_CASE("local: all_to_all") { on_every_size([](auto& c) { suite::all_to_all(c); }); }
+TEST_CASE("local: point to point") { on_every_size([](auto& c) { suite::point_to_point(c); }); }
+TEST_CASE("local: asynchronous forms") { on_every_size([](auto& c) { suite::asynchronous(c); }); }
+TEST_CASE("local: split") { on_every_size([](auto& c) { suite::split(c); }); }
+TEST_CASE("local: bad input") { on_every_size([](auto& c) { suite::bad_input(c); }); }
+TEST_CASE("local: mismatched calls are detected on every rank") { on_every_size([](auto& c) { suite::mismatched_counts(c); }); }
+
+TEST_CASE("local: a rank calling a different collective is a usage_error everywhere") {
+  local_world::run(3, [](local_comm& comm) {
+    std::vector<float> x(4, 1.0f);
+    if (comm.rank() == 2) CHECK_THROWS_WITH_AS(comm.barrier(), doctest::Contains("called all_reduce"), trident::usage_error);
+    else CHECK_THROWS_WITH_AS(comm.all_reduce(x), doctest::Contains("called barrier"), trident::usage_error);
+    comm.all_reduce(x);  // and the group goes on
+    CHECK(x[0] == 3.0f);
+  });
+}
+
+TEST_CASE("local: run returns each rank's result in rank order") {
+  const auto ranks = local_world::run(5, [](local_comm& c) { return c.rank() * 10 + c.size(); });
+  CHECK(ranks == std::vector<int>{5, 15, 25, 35, 45});
+  CHECK_THROWS_AS(local_world::run(0, [](local_comm&) {}), trident::usage_error);
+}
+
+TEST_CASE("local: an exception on one rank reaches the others as an error and run rethrows it") {
+  std::atomic<int> peers_failed{0};
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    local_world::run(4, [&](local_comm& comm) {
+      std::vector<float> x(1000, 1.0f);
+      comm.all_reduce(x);
+      if (comm.rank() == 2) throw std::runtime_error("loss is NaN at step 1");
+      try {
+        comm.all_reduce(x);  // rank 2 never comes: must not hang
+      } catch (const trident::error& e) {
+        CHECK(std::string(e.what()).find("rank 2 failed: loss is NaN at step 1") != std::string::npos);
+        ++peers_failed;
+        throw;
+      }
+    });
+    FAIL("run should have rethrown rank 2's exception");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "loss is NaN at step 1");  // the root cause, not a peer's echo
+  }
+  CHECK(peers_failed == 3);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("local: a rank that never arrives times out, naming the operation and the peer") {
+  trident::local_options options;
+  options.timeout = std::chrono::milliseconds(200);
+  std::atomic<int> timeouts{0};
+  CHECK_THROWS_AS(local_world::run(3,
+                                   [&](local_comm& comm) {
+                                     if (comm.rank() == 1) {
+                                       std::this_thread::sleep_for(std::chrono::seconds(2));  // busy elsewhere
+                                       return;
+                                     }
+                                     try {
+                                       comm.barrier();
+                                     } catch (const trident::error& e) {
+                                       const std::string what = e.what();
+                                       CHECK((what.find("timed out after 200 ms in barrier waiting for rank 1") != std::string::npos ||
+                                              what.find("aborted because") != std::string::npos));
+                                       ++timeouts;
+                                       throw;
+                                     }
+                                   },
+                                   options),
+                  trident::error);
+  CHECK(timeouts == 2);
+}
+
+TEST_CASE("local: p2p size mismatch is a usage_error on both sides") {
+  local_world::run(2, [](local_comm& comm) {
+    std::vector<float> x(comm.rank() == 0 ? 4 : 5);
+    if (comm.rank() == 0) CHECK_THROWS_WITH_AS(comm.send(x, 1), doctest::Contains("matching recv expects 5"), trident::usage_error);
+    else CHECK_THROWS_WITH_AS(comm.recv(x, 0), doctest::Contains("matching send has 4"), trident::usage_error);
+  });
+}
+
+TEST_CASE("local: an asynchronous failure is rethrown by wait()") {
+  trident::local_options options;
+  options.timeout = std::chrono::milliseconds(100);
+  CHECK_THROWS_AS(local_world::run(2,
+                                   [](local_comm& comm) {
+                                     std::vector<double> x(10, 1.0);
+                                     if (comm.rank() == 0) {
+                                       auto r = comm.all_reduce_async(x);
+                                       CHECK_THROWS_WITH_AS(r.wait(), doctest::Contains("timed out"), trident::error);
+                                       r.wait();  // a second wait is a no-op
+                                     }
+                                   },
+                                   options),
+                  trident::error);
+}
+
+TEST_CASE("local: communicators move, and scratch memory is accounted as communication") {
+  auto ledger = std::make_shared<trident::memory_ledger>("test");
+  local_world::run(2, [&](local_comm& comm) {
+    trident::scoped_ledger use{ledger};
+    local_comm moved = std::move(comm);
+    CHECK(moved.size() == 2);
+    std::vector<float> in(64, 1.0f), out(32);
+    moved.reduce_scatter(in, out);
+    CHECK(out[0] == 2.0f);
+    CHECK(ledger->peak(trident::space_kind::host, trident::mem_category::communication) >= 64 * sizeof(float));
+  });
+}
