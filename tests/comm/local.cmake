@@ -1,3 +1,19 @@
 # The thread backend needs nothing but the standard library.
 find_package(Threads REQUIRED)
 trident_add_test(comm.local SOURCES comm/test_local.cpp LIBRARIES Threads::Threads LABELS comm local TIMEOUT 600)
+
+# The same tests built with ThreadSanitizer as part of every build: the thread backend's
+# synchronisation is its correctness, so every CI run checks it, not only the tsan preset.
+include(CheckCXXSourceCompiles)
+set(CMAKE_REQUIRED_FLAGS "-fsanitize=thread")
+set(CMAKE_REQUIRED_LINK_OPTIONS "-fsanitize=thread")
+check_cxx_source_compiles("int main() { return 0; }" TRIDENT_HAVE_TSAN)
+unset(CMAKE_REQUIRED_FLAGS)
+unset(CMAKE_REQUIRED_LINK_OPTIONS)
+option(TRIDENT_TSAN_TESTS "Also build and run the thread backend's tests under ThreadSanitizer" ${TRIDENT_HAVE_TSAN})
+if(TRIDENT_TSAN_TESTS AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  trident_add_test(comm.local_tsan SOURCES comm/test_local.cpp LIBRARIES Threads::Threads LABELS comm local tsan TIMEOUT 900)
+  target_compile_options(test_comm_local_tsan PRIVATE -fsanitize=thread -O1 -g)
+  target_link_options(test_comm_local_tsan PRIVATE -fsanitize=thread)
+  set_tests_properties(comm.local_tsan PROPERTIES ENVIRONMENT "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1")
+endif()

@@ -143,3 +143,6 @@ TEST_CASE("local: communicators move, and scratch memory is accounted as communi
     CHECK(ledger->peak(trident::space_kind::host, trident::mem_category::communication) >= 64 * sizeof(float));
   });
 }
+
+#include "comm/grid_suite.hpp"
+TEST_CASE("local: process grid, every factorisation of 1..8 ranks") { on_every_size([](auto& c) { suite::grid(c); }); }
