@@ -20,6 +20,14 @@
 //   void barrier(); void synchronize(); Backend split(int color, int key);
 // or by writing the members the concept checks by hand.
 //
+// Argument checks are local: when every rank passes the same bad arguments, every rank throws
+// usage_error. When only some do, the thread backend turns the escaping exception into an error
+// on the others; MPI and NCCL cannot (the other ranks are already inside the library), so a
+// trainer that catches usage_error on one rank must not go on to the next collective.
+// Mismatched arguments between ranks are detected by the thread backend always, by MPI with
+// check_arguments(true), by NCCL not at all. Point-to-point size mismatches are detected on
+// both sides by the thread backend, on the receiving side by MPI.
+//
 // Completion: an operation's effects are visible when the backend says it is done, which for
 // host backends is on return (sync) or after wait() (async); for NCCL it is in stream order
 // on the communicator's stream (synchronize() or a request's wait() blocks the host).
@@ -281,7 +289,7 @@ class collectives {
   void reduce(In&& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
     self().execute(reduce_call(in, out, root, op));
   }
-  //! Chunk j of in (size()/n elements each) goes to rank j, arriving as chunk rank() of its out.
+  //! Chunk j of in (in.size() / size() elements each) goes to rank j, arriving as chunk rank() of its out.
   template <class In, class Out>
   void all_to_all(In&& in, Out&& out) {
     self().execute(all_to_all_call(in, out));
@@ -355,6 +363,8 @@ class collectives {
       detail::require_same_element<TI, TO>();
       auto i = as_space_span<Space>(in);
       auto o = as_space_span<Space>(out);
+      TRIDENT_EXPECT(i.data() != nullptr || i.size() == 0, name_of(kind), ": the send buffer is null but has ", i.size(), " elements");
+      TRIDENT_EXPECT(o.data() != nullptr || o.size() == 0, name_of(kind), ": the receive buffer is null but has ", o.size(), " elements");
       collective_call call;
       call.kind = kind;
       call.send = i.data();
@@ -410,6 +420,10 @@ class collectives {
     const auto n = static_cast<std::size_t>(group_size());
     TRIDENT_EXPECT(c.recv_count == c.send_count * n, "all_gather: receive has ", c.recv_count,
                    " elements; expected send size (", c.send_count, ") x group size (", n, ") = ", c.send_count * n);
+    // In place means the send buffer is this rank's chunk of the receive buffer (as in NCCL).
+    const bool in_place = static_cast<const void*>(static_cast<const std::byte*>(c.recv) +
+                                                   static_cast<std::size_t>(self().rank()) * c.send_count * size_of(c.type)) == c.send;
+    if (!in_place) check_disjoint_or_same(c);
     return c;
   }
   template <class Data>
