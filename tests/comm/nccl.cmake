@@ -1,0 +1,20 @@
+# The NCCL communicator.
+#   comm.nccl_env        launcher variables and the shared-file bootstrap: no GPU needed
+#   comm.nccl            one rank on one GPU: every collective x type x op against a host reference
+#   comm.nccl_multirank  two ranks (processes) on GPU 0 under mpirun, told apart by NCCL_HOSTID
+#                        (nccl_options::host_id_per_rank) and talking over NCCL's socket transport
+# The GPU tests exit 77 (skipped) when no CUDA device is visible, on every rank.
+if(TARGET trident::nccl)
+  find_package(Threads REQUIRED)
+  trident_add_test(comm.nccl_env SOURCES comm/test_nccl_env.cpp LIBRARIES trident::nccl Threads::Threads
+                   LABELS comm nccl)
+  trident_add_test(comm.nccl SOURCES comm/test_nccl.cpp LIBRARIES trident::nccl GPU LABELS comm nccl gpu
+                   TIMEOUT 600)
+  if(TARGET trident::mpi)
+    # Its own main (MPI_Init, the skip on every rank), so not GPU (which links the GPU main).
+    trident_add_test(comm.nccl_multirank SOURCES comm/test_nccl_multirank.cpp
+                     LIBRARIES trident::nccl trident::mpi MPI_RANKS 2 LABELS comm nccl gpu mpi TIMEOUT 600)
+    # The only interface of a machine without network; NCCL avoids lo unless told.
+    set_property(TEST comm.nccl_multirank APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+  endif()
+endif()
