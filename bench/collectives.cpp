@@ -3,7 +3,7 @@
 //   collectives [--backend local|mpi|nccl] [--coll all_reduce|reduce_scatter|all_gather|broadcast|reduce|all_to_all]
 //               [-t ranks (local)] [-b min bytes] [-e max bytes] [-f factor] [-n iters] [-w warmup]
 //               [-c check 0/1] [-d float|double|half|bfloat16|int32|int64|uint8] [-o sum|prod|max|min|avg]
-//               [-r root]
+//               [-r root] [-R rounds]
 //
 //   collectives --backend local -t 4 -b 1K -e 64M -f 4          # 4 thread ranks
 //   mpirun -np 4 collectives --backend mpi -b 1M -e 64M         # also times raw MPI calls
@@ -11,7 +11,7 @@
 //
 // Columns as in nccl-tests: size is the largest buffer per rank in bytes (the input of
 // reduce_scatter, the output of all_gather), time is the mean per call in microseconds (the
-// slowest rank's), algbw = size / time, busbw = algbw x the collective's bus factor
+// slowest rank's; the median of -R rounds of -n calls), algbw = size / time, busbw = algbw x the collective's bus factor
 // (all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n; broadcast, reduce 1),
 // which makes figures comparable across rank counts. For MPI and NCCL the raw library call on
 // the same buffers is timed in the same run and the ratio wrapper/raw printed. For the thread
@@ -59,6 +59,7 @@ struct options {
   dtype type = dtype::float32;
   reduce_op op = reduce_op::sum;
   int root = 0;
+  int rounds = 5;
 };
 
 std::size_t parse_size(const std::string& s) {
@@ -100,6 +101,7 @@ options parse(int argc, char** argv) {
     else if (a == "-w") o.warmup = std::stoi(value());
     else if (a == "-c") o.check = std::stoi(value()) != 0;
     else if (a == "-r") o.root = std::stoi(value());
+    else if (a == "-R") o.rounds = std::stoi(value());
     else if (a == "-d") {
       const auto v = value();
       const std::pair<const char*, dtype> names[] = {{"float", dtype::float32}, {"double", dtype::float64}, {"half", dtype::float16},
@@ -125,7 +127,7 @@ options parse(int argc, char** argv) {
   }
   TRIDENT_EXPECT(o.factor > 1, "-f: the step factor must be greater than 1, got ", o.factor);
   TRIDENT_EXPECT(o.min_bytes <= o.max_bytes, "-b (", o.min_bytes, ") must not exceed -e (", o.max_bytes, ")");
-  TRIDENT_EXPECT(o.iters >= 1 && o.warmup >= 0, "-n must be >= 1 and -w >= 0");
+  TRIDENT_EXPECT(o.iters >= 1 && o.warmup >= 0 && o.rounds >= 1, "-n and -R must be >= 1 and -w >= 0");
   return o;
 }
 
@@ -161,6 +163,11 @@ T reduce_scalar(C& comm, T value, reduce_op op) {
   comm.all_reduce(b, op);
   comm.synchronize();
   return trident::to_vector(b)[0];
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 // Runs `body` warmup + iters times between barriers; returns the slowest rank's mean in µs.
@@ -338,26 +345,31 @@ void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_n
         call_trident(comm, o, b);
         wrong = count_wrong(comm, o, b);
       }
-      const double t = time_loop(comm, o, [&] { call_trident(comm, o, b); });
+      trident::collective_call call;
+      call.kind = o.coll;
+      call.send = b.in.data();
+      call.recv = o.coll == collective::broadcast ? static_cast<void*>(b.in.data()) : static_cast<void*>(b.out.data());
+      call.send_count = b.send_count;
+      call.recv_count = o.coll == collective::broadcast ? b.send_count : b.recv_count;
+      call.type = o.type;
+      call.op = o.op;
+      call.root = o.root;
+      // Wrapper and raw call alternate in rounds and each reports its median round, so slow
+      // phases of a shared machine hit both alike.
+      std::vector<double> ours, theirs;
+      for (int round = 0; round < o.rounds; ++round) {
+        ours.push_back(time_loop(comm, o, [&] { call_trident(comm, o, b); }));
+        if (raw) theirs.push_back(time_loop(comm, o, [&] { raw(call); }));
+      }
+      const double t = median(ours);
+      const double raw_t = raw ? median(theirs) : 0.0;
       const double size = static_cast<double>(count * sizeof(T));
       const double algbw = size / t / 1e3;  // GB/s
       const double busbw = algbw * bus_factor(o.coll, n);
-      double raw_t = 0;
-      if (raw) {
-        trident::collective_call call;
-        call.kind = o.coll;
-        call.send = b.in.data();
-        call.recv = o.coll == collective::broadcast ? static_cast<void*>(b.in.data()) : static_cast<void*>(b.out.data());
-        call.send_count = b.send_count;
-        call.recv_count = o.coll == collective::broadcast ? b.send_count : b.recv_count;
-        call.type = o.type;
-        call.op = o.op;
-        call.root = o.root;
-        raw_t = time_loop(comm, o, [&] { raw(call); });
-      }
+      const bool reduces = o.coll == collective::all_reduce || o.coll == collective::reduce_scatter || o.coll == collective::reduce;
       if (comm.rank() == 0) {
         std::printf("%12zu %12zu %8s %6s %5d %10.1f %8.2f %8.2f %6lld", count * sizeof(T), count, std::string(trident::name_of(o.type)).c_str(),
-                    trident::name_of(o.op), o.root, t, algbw, busbw, wrong);
+                    reduces ? trident::name_of(o.op) : "none", o.root, t, algbw, busbw, wrong);
         if (raw) std::printf(" %12.1f %8.2f %8.3f", raw_t, size / raw_t / 1e3 * bus_factor(o.coll, n), t / raw_t);
         std::printf("\n");
       }
