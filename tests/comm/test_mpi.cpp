@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/collective_suite.hpp"
+#include "comm/grid_suite.hpp"
 #include "trident/comm/mpi.hpp"
 
 using trident::dtype;
@@ -727,6 +728,7 @@ TEST_CASE("mpi suite: point to point") { suite::point_to_point(world()); }
 TEST_CASE("mpi suite: asynchronous forms") { suite::asynchronous(world()); }
 TEST_CASE("mpi suite: split") { suite::split(world()); }
 TEST_CASE("mpi suite: bad input") { suite::bad_input(world()); }
+TEST_CASE("mpi suite: process grid, every factorisation of the world") { suite::grid(world()); }
 TEST_CASE("mpi suite: mismatched calls are detected on every rank (check_arguments on)") {
   world().check_arguments(true);
   suite::mismatched_counts(world());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/collective_suite.hpp"
+#include "comm/grid_suite.hpp"
 #include "trident/comm/nccl.hpp"
 #include "trident/core/buffer.hpp"
 
@@ -71,6 +72,7 @@ TEST_CASE("two ranks: the shared backend suite") {
   SUBCASE("asynchronous") { suite::asynchronous(comm()); }
   SUBCASE("split") { suite::split(comm()); }
   SUBCASE("bad_input") { suite::bad_input(comm()); }
+  SUBCASE("process_grid") { suite::grid(comm()); }
 }
 
 TEST_CASE("two ranks: large collectives (about 10M elements) against a host reference") {
