@@ -60,6 +60,15 @@ bool result_is(trident::nccl_comm& comm, const trident::buffer<T, cuda_space>& o
   const auto* tail = reinterpret_cast<const unsigned char*>(got.data() + want.size());
   bool intact = true;
   for (std::size_t b = 0; b < guard * sizeof(T); ++b) intact = intact && tail[b] == sentinel;
+  if (!same) {
+    std::size_t i = 0;
+    while (i < want.size() && std::memcmp(&got[i], &want[i], sizeof(T)) == 0) ++i;
+    std::size_t wrong = 0;
+    for (std::size_t j = 0; j < want.size(); ++j) wrong += std::memcmp(&got[j], &want[j], sizeof(T)) != 0;
+    MESSAGE("first difference at element ", i, " of ", want.size(), ": got ", static_cast<double>(got[i]), ", want ",
+            static_cast<double>(want[i]), "; ", wrong, " elements differ");
+  }
+  if (!intact) MESSAGE("the guard after the result was overwritten");
   return same && intact;
 }
 
@@ -82,7 +91,7 @@ TEST_CASE_TEMPLATE("one rank: every collective x op at sizes 0, 1, 7 and 10M equ
     auto in = upload(host);
     // With one rank every reduction of x is x (avg: NCCL multiplies by 1/1, exactly).
     for (reduce_op op : suite::all_ops) {
-      INFO(trident::name_of(trident::dtype_of<T>), " ", trident::name_of(op), " count ", count);
+      INFO(std::string(trident::name_of(trident::dtype_of<T>)), " ", std::string(trident::name_of(op)), " count ", count);
       auto out = guarded<T>(count);
       comm.all_reduce(in, trident::space_span<T, cuda_space>(out.data(), count), op);
       CHECK(result_is(comm, out, host));
@@ -180,7 +189,7 @@ TEST_CASE("one rank: host memory is a usage_error naming the collective and the 
   CHECK_THROWS_WITH_AS(comm.all_reduce(trident::space_span<float, cuda_space>(pinned.data(), 8)),
                        doctest::Contains("pinned host memory"), trident::usage_error);
   CHECK_THROWS_WITH_AS(comm.all_reduce(trident::space_span<float, cuda_space>(nullptr, 8)),
-                       doctest::Contains("null pointer with 8 elements"), trident::usage_error);
+                       doctest::Contains("null but has 8 elements"), trident::usage_error);
 
   // Managed memory is device-accessible: accepted.
   float* managed = nullptr;
