@@ -1,0 +1,245 @@
+// trident/cuda/optim.cuh — the fused optimizer step and gradient statistics on the device.
+// trident-requires: nvcc
+//
+// Synopsis
+//   namespace trident::cuda
+//     void step(const Opt& o, device_span<float> params, device_span<const Grad> grads,
+//               std::array<device_span<float>, Opt::state_count> state, std::int64_t step_number,
+//               float grad_multiplier = 1, device_span<Working> working_copy = {}, cudaStream_t stream = 0)
+//     std::size_t gradient_stats_scratch_size(std::size_t n)             doubles gradient_stats_async needs
+//     void gradient_stats_async(device_span<const Grad> grads, float multiplier,
+//                               device_span<double> scratch, cudaStream_t stream = 0)   scratch[0] = sum of squares
+//     optim::grad_stats gradient_stats(device_span<const Grad> grads, float multiplier = 1, cudaStream_t stream = 0)
+//
+// For CUDA translation units only. The step is one kernel per call over a flat shard, running
+// the optimizer's element functor from optim/optimizers.hpp (the host step's code, with
+// explicitly rounded intrinsics), so host and device agree bitwise when the host does not
+// contract into FMA. A grid-stride loop over groups of four: float4 loads and stores of params
+// and states, 8-byte loads of four fp16/bf16 gradients and stores of four working values, when
+// every array is aligned for that; a scalar tail (or the scalar loop for unaligned shards).
+// gradient_stats follows the host's block scheme exactly (optim::detail::stats_block elements per
+// CUDA block of 256 threads, a shared-memory pairwise tree, blocks added in order by one thread),
+// so its sum is deterministic and bitwise the host's.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "trident/cuda/optim.cuh is for CUDA translation units: compile this file with nvcc"
+#endif
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "trident/core/buffer.hpp"
+#include "trident/core/cuda_runtime.hpp"
+#include "trident/core/error.hpp"
+#include "trident/core/half.hpp"
+#include "trident/core/memory_space.hpp"
+#include "trident/cuda/convert.cuh"
+#include "trident/optim/optimizers.hpp"
+
+namespace trident::cuda {
+
+namespace detail {
+
+// Four consecutive gradients as floats, multiplied; `at` is a multiple of 4 and the pointer is
+// aligned to 4 elements.
+template <class Grad>
+__device__ inline void load4(const Grad* g, std::size_t at, float multiplier, float (&out)[4]) {
+  if constexpr (std::is_same_v<Grad, float>) {
+    const float4 v = *reinterpret_cast<const float4*>(g + at);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(g + at);
+    out[0] = static_cast<float>(Grad::from_bits(static_cast<std::uint16_t>(raw.x & 0xffffu)));
+    out[1] = static_cast<float>(Grad::from_bits(static_cast<std::uint16_t>(raw.x >> 16)));
+    out[2] = static_cast<float>(Grad::from_bits(static_cast<std::uint16_t>(raw.y & 0xffffu)));
+    out[3] = static_cast<float>(Grad::from_bits(static_cast<std::uint16_t>(raw.y >> 16)));
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = __fmul_rn(out[k], multiplier);
+}
+
+template <class Working>
+__device__ inline void store4(Working* w, std::size_t at, const float (&p)[4]) {
+  if constexpr (std::is_same_v<Working, float>) {
+    *reinterpret_cast<float4*>(w + at) = make_float4(p[0], p[1], p[2], p[3]);
+  } else {
+    const std::uint32_t lo = Working(p[0]).bits() | (static_cast<std::uint32_t>(Working(p[1]).bits()) << 16);
+    const std::uint32_t hi = Working(p[2]).bits() | (static_cast<std::uint32_t>(Working(p[3]).bits()) << 16);
+    *reinterpret_cast<uint2*>(w + at) = make_uint2(lo, hi);
+  }
+}
+
+__device__ inline void to_array(const float4& v, float (&a)[4]) {
+  a[0] = v.x;
+  a[1] = v.y;
+  a[2] = v.z;
+  a[3] = v.w;
+}
+
+template <class Update, class Grad, class Working>
+__global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restrict__ g, float* __restrict__ s0,
+                            float* __restrict__ s1, Working* __restrict__ w, std::size_t n, float multiplier,
+                            bool vectorised) {
+  constexpr std::size_t states = Update::states;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::size_t tail = 0;
+  if (vectorised) {
+    const std::size_t quads = n / 4;
+    for (std::size_t q = first; q < quads; q += stride) {
+      const std::size_t at = q * 4;
+      float pv[4], gv[4], a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+      to_array(*reinterpret_cast<const float4*>(p + at), pv);
+      load4(g, at, multiplier, gv);
+      if constexpr (states >= 1) to_array(*reinterpret_cast<const float4*>(s0 + at), a);
+      if constexpr (states >= 2) to_array(*reinterpret_cast<const float4*>(s1 + at), b);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) u(pv[k], gv[k], a[k], b[k]);
+      *reinterpret_cast<float4*>(p + at) = make_float4(pv[0], pv[1], pv[2], pv[3]);
+      if constexpr (states >= 1) *reinterpret_cast<float4*>(s0 + at) = make_float4(a[0], a[1], a[2], a[3]);
+      if constexpr (states >= 2) *reinterpret_cast<float4*>(s1 + at) = make_float4(b[0], b[1], b[2], b[3]);
+      if (w != nullptr) store4(w, at, pv);
+    }
+    tail = quads * 4;
+  }
+  for (std::size_t i = tail + first; i < n; i += stride) {
+    float pv = p[i];
+    const float gv = __fmul_rn(static_cast<float>(g[i]), multiplier);
+    float a = 0, b = 0;
+    if constexpr (states >= 1) a = s0[i];
+    if constexpr (states >= 2) b = s1[i];
+    u(pv, gv, a, b);
+    p[i] = pv;
+    if constexpr (states >= 1) s0[i] = a;
+    if constexpr (states >= 2) s1[i] = b;
+    if (w != nullptr) w[i] = Working(pv);
+  }
+}
+
+inline bool aligned(const void* pointer, std::size_t bytes) noexcept {
+  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+
+constexpr int stats_threads = static_cast<int>(optim::detail::stats_lanes);
+
+// One block per stats_block elements (grid-stride over blocks): lane j sums elements j, j + 256,
+// ... of its block, then the pairwise tree of the host's block_sum_squares.
+template <class Grad>
+__global__ void block_stats_kernel(const Grad* __restrict__ g, std::size_t n, float multiplier,
+                                   double* __restrict__ partial, std::size_t blocks) {
+  __shared__ double acc[stats_threads];
+  for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::size_t begin = b * optim::detail::stats_block;
+    const std::size_t end = begin + optim::detail::stats_block < n ? begin + optim::detail::stats_block : n;
+    double sum = 0;
+    for (std::size_t i = begin + threadIdx.x; i < end; i += stats_threads) {
+      const double x = __fmul_rn(static_cast<float>(g[i]), multiplier);
+      sum = __dadd_rn(sum, __dmul_rn(x, x));
+    }
+    acc[threadIdx.x] = sum;
+    __syncthreads();
+    for (int width = stats_threads / 2; width > 0; width /= 2) {
+      if (static_cast<int>(threadIdx.x) < width) acc[threadIdx.x] = __dadd_rn(acc[threadIdx.x], acc[threadIdx.x + width]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[b] = acc[0];
+    __syncthreads();
+  }
+}
+
+// The blocks' sums in order, as the host adds them. (A template only so that the header may be
+// included by several translation units.)
+template <class = void>
+__global__ void sum_in_order_kernel(const double* __restrict__ partial, std::size_t blocks, double* __restrict__ out) {
+  double total = 0;
+  for (std::size_t b = 0; b < blocks; ++b) total = __dadd_rn(total, partial[b]);
+  *out = total;
+}
+
+}  // namespace detail
+
+//! One optimizer step over a flat device shard, ordered on `stream`; the same arguments and
+//! checks (sizes, step number, overlaps) as the host step, same results.
+//!
+//!   trident::optim::adamw opt;
+//!   trident::cuda::step(opt, master.device_handle(), grads_view, {m.device_handle(), v.device_handle()}, t,
+//!                       multiplier, working.device_handle(), stream);
+template <optim::elementwise_optimizer Opt, class Grad, class Working = float>
+void step(const Opt& o, device_span<float> params, device_span<const Grad> grads,
+          std::array<device_span<float>, Opt::state_count> state, std::int64_t step_number, float grad_multiplier = 1.0f,
+          device_span<Working> working_copy = {}, cudaStream_t stream = nullptr) {
+  static_assert(optim::detail::is_grad_type_v<Grad>, "cuda::step: gradients must be float, trident::fp16 or trident::bf16");
+  static_assert(optim::detail::is_grad_type_v<Working>,
+                "cuda::step: the working copy must be float, trident::fp16 or trident::bf16");
+  o.visit_update(step_number, [&](const auto& u) {
+    using update = std::remove_cvref_t<decltype(u)>;
+    constexpr std::size_t S = Opt::state_count;
+    std::array<float*, S> pointers{};
+    std::array<std::size_t, S> sizes{};
+    for (std::size_t s = 0; s < S; ++s) {
+      pointers[s] = state[s].data();
+      sizes[s] = state[s].size();
+    }
+    optim::detail::check_step("cuda::step", params.data(), params.size(), grads.data(), grads.size(), pointers, sizes,
+                              update::states, working_copy.data(), working_copy.size(), step_number);
+    const std::size_t n = params.size();
+    if (n == 0) return;
+    float* s0 = update::states >= 1 ? pointers[0] : nullptr;
+    float* s1 = update::states >= 2 ? pointers[1] : nullptr;
+    Working* w = working_copy.empty() ? nullptr : working_copy.data();
+    const bool vectorised = detail::aligned(params.data(), 16) && detail::aligned(grads.data(), 4 * sizeof(Grad)) &&
+                            (s0 == nullptr || detail::aligned(s0, 16)) && (s1 == nullptr || detail::aligned(s1, 16)) &&
+                            (w == nullptr || detail::aligned(w, 4 * sizeof(Working)));
+    constexpr int block = 256;
+    const std::size_t work = vectorised ? (n + 3) / 4 : n;
+    detail::step_kernel<update, Grad, Working>
+        <<<grid_for(work, block), block, 0, stream>>>(u, params.data(), grads.data(), s0, s1, w, n, grad_multiplier, vectorised);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+//! The doubles of scratch gradient_stats_async needs for n gradients.
+inline std::size_t gradient_stats_scratch_size(std::size_t n) noexcept {
+  return 1 + (n + optim::detail::stats_block - 1) / optim::detail::stats_block;
+}
+
+//! The sum of squares of float(g) * multiplier into scratch[0], ordered on `stream`, nothing
+//! synchronised (a non-finite value there means a non-finite gradient; see optim::gradient_stats).
+//! scratch holds at least gradient_stats_scratch_size(grads.size()) doubles.
+template <class Grad>
+void gradient_stats_async(device_span<const Grad> grads, float multiplier, device_span<double> scratch,
+                          cudaStream_t stream = nullptr) {
+  static_assert(optim::detail::is_grad_type_v<Grad>, "cuda::gradient_stats: gradients must be float, fp16 or bf16");
+  const std::size_t blocks = gradient_stats_scratch_size(grads.size()) - 1;
+  TRIDENT_EXPECT(scratch.size() >= blocks + 1, "cuda::gradient_stats_async: scratch has ", scratch.size(),
+                 " doubles, needs ", blocks + 1, " for ", grads.size(), " gradients");
+  if (blocks > 0) {
+    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(blocks, 65535));
+    detail::block_stats_kernel<Grad><<<grid, detail::stats_threads, 0, stream>>>(grads.data(), grads.size(), multiplier,
+                                                                                scratch.data() + 1, blocks);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  detail::sum_in_order_kernel<><<<1, 1, 0, stream>>>(scratch.data() + 1, blocks, scratch.data());
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! gradient_stats_async with its own scratch, waited for: convenient, not for the hot path (it
+//! allocates and synchronises the stream).
+template <class Grad>
+optim::grad_stats gradient_stats(device_span<const Grad> grads, float multiplier = 1.0f, cudaStream_t stream = nullptr) {
+  buffer<double, cuda_space> scratch(gradient_stats_scratch_size(grads.size()));
+  gradient_stats_async(grads, multiplier, scratch.device_handle(), stream);
+  double sum = 0;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&sum, scratch.data(), sizeof sum, cudaMemcpyDeviceToHost, stream));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return {sum, std::isfinite(sum)};
+}
+
+}  // namespace trident::cuda

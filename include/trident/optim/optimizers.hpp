@@ -1,0 +1,600 @@
+// trident/optim/optimizers.hpp — element-wise optimizers (SGD, Adam, AdamW) over flat fp32 shards.
+//
+// Synopsis
+//   namespace trident::optim
+//     struct sgd   { struct options; options opt; state_count = 1 (momentum buffer);     step(...) }
+//     struct adam  { struct options; options opt; state_count = 2 (exp_avg, exp_avg_sq); step(...) }
+//     struct adamw { same as adam, weight decay decoupled (default 1e-2) }
+//     concept optimizer<O>                 how a type opts in (see below)
+//     concept elementwise_optimizer<O>     + visit_update: what the CUDA step (cuda/optim.cuh) needs
+//     struct grad_stats { double sum_squares; bool finite; }
+//     grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1)
+//     float clip_multiplier(double global_norm, float max_norm)
+//
+//   o.step(params, grads, state, step_number, grad_multiplier = 1, working_copy = {})
+//     params        std::span<float>                 fp32 values updated in place (master weights)
+//     grads         std::span<const Grad>            Grad = float, fp16 or bf16
+//     state         std::array<std::span<float>, O::state_count>, each params.size() long
+//     step_number   1 on the first step (bias corrections, SGD's first momentum step)
+//     grad_multiplier  applied to every gradient first (in float): mixed precision's unscale and
+//                   global-norm clipping fused into the step, no extra pass over the gradients
+//     working_copy  empty, or params.size() elements: the updated params rounded to Working
+//                   (fp16/bf16 working weights of mixed precision)
+//
+// The update rules are PyTorch's, operation for operation (torch/optim/sgd.py
+// `_single_tensor_sgd`, adam.py `_single_tensor_adam`, adamw.py `_single_tensor_adamw`): per-step
+// scalars (bias corrections, step size) are computed in double like Python does and rounded to
+// float once, the element-wise arithmetic is float, each operation rounded as the PyTorch
+// kernels round it. The same element functions run on the host and in the CUDA kernels
+// (cuda/optim.cuh), where every operation is an explicitly rounded intrinsic (no FMA
+// contraction), so host and device agree bitwise unless the host compiler contracts into FMA
+// (it does not on x86-64 without -mfma) — within an ulp or two otherwise.
+//
+// The host step works in tiles of 1024 elements (fixed-length loops that g++ -O2 vectorises)
+// and, above 2^18 elements, on up to hardware_concurrency threads over contiguous ranges. Each
+// element's arithmetic is the same whatever the split, so results are bitwise identical for any
+// thread count or call chunking.
+//
+// Opting in (concept optimizer): a type O with
+//   typename O::options; an `opt` member of that type;
+//   static constexpr std::size_t state_count (fp32 state values per parameter);
+//   a const member `step` with the signature above, for float, fp16 and bf16 gradients.
+// elementwise_optimizer adds `visit_update(step_number, f)`, which calls f with an element
+// functor (trivially copyable, TRIDENT_HOST_DEVICE operator()(p, g, s0, s1)); the CUDA step is
+// one kernel over that functor.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "trident/core/config.hpp"
+#include "trident/core/error.hpp"
+#include "trident/core/half.hpp"
+
+// The tiles' square roots: std::sqrt may set errno, which keeps g++ from vectorising it (and
+// no per-function option lifts that in a header), so the full tiles take the SIMD square root,
+// which is IEEE correctly rounded like sqrtf, hence bitwise the same. Not under nvcc: its
+// device pass must not see host intrinsics; there the host step simply runs scalar sqrt.
+#if !defined(__CUDACC__) && (defined(__SSE2__) || defined(_M_X64))
+#include <immintrin.h>
+#define TRIDENT_DETAIL_SQRT_SSE 1
+#elif !defined(__CUDACC__) && defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define TRIDENT_DETAIL_SQRT_NEON 1
+#endif
+
+// "no loop-carried dependence": lets g++ vectorise the tile loops without alias versioning.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define TRIDENT_DETAIL_IVDEP _Pragma("GCC ivdep")
+#else
+#define TRIDENT_DETAIL_IVDEP
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TRIDENT_DETAIL_RESTRICT __restrict__
+#else
+#define TRIDENT_DETAIL_RESTRICT __restrict
+#endif
+
+namespace trident::optim {
+
+namespace detail {
+
+// Explicitly rounded float operations: plain operators on the host; on the device the _rn
+// intrinsics, which nvcc never contracts into FMA, so a kernel rounds exactly like the host.
+TRIDENT_HOST_DEVICE inline float add_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+TRIDENT_HOST_DEVICE inline float mul_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TRIDENT_HOST_DEVICE inline float div_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+TRIDENT_HOST_DEVICE inline float sqrt_rn(float a) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// ---- element functors: one parameter's update, shared by the host tiles and the CUDA kernel ----
+
+//! SGD, as torch/optim/sgd.py `_single_tensor_sgd`:
+//!   d_p = grad;  if weight_decay: d_p = d_p.add(param, alpha=weight_decay)
+//!   if momentum: buf = clone(d_p) on the first step, else buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
+//!                d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
+//!   param.add_(d_p, alpha=-lr)
+//! (the first step's buffer is the gradient itself: no dampening on it, as in PyTorch).
+template <bool WeightDecay, bool Momentum, bool First, bool Nesterov>
+struct sgd_update {
+  static constexpr std::size_t states = Momentum ? 1 : 0;
+  static constexpr bool uses_sqrt = false;
+  float neg_lr;
+  float weight_decay;
+  float momentum;
+  float one_minus_dampening;
+
+  TRIDENT_HOST_DEVICE void operator()(float& p, float g, float& buf, float& /*unused*/) const noexcept {
+    float d_p = g;
+    if constexpr (WeightDecay) d_p = add_rn(d_p, mul_rn(weight_decay, p));
+    if constexpr (Momentum) {
+      if constexpr (First) buf = d_p;
+      else buf = add_rn(mul_rn(buf, momentum), mul_rn(one_minus_dampening, d_p));
+      if constexpr (Nesterov) d_p = add_rn(d_p, mul_rn(momentum, buf));
+      else d_p = buf;
+    }
+    p = add_rn(p, mul_rn(neg_lr, d_p));
+  }
+};
+
+//! Adam / AdamW, as torch/optim/adam.py `_single_tensor_adam` (non-capturable branch) and
+//! adamw.py `_single_tensor_adamw`:
+//!   AdamW: param.mul_(1 - lr * weight_decay)                  (Decoupled)
+//!   Adam:  grad = grad.add(param, alpha=weight_decay)          (L2)
+//!   exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+//!   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+//!   bias_correction1 = 1 - beta1 ** step;  bias_correction2 = 1 - beta2 ** step
+//!   step_size = lr / bias_correction1;     bias_correction2_sqrt = math.sqrt(bias_correction2)
+//!   denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+//!   param.addcdiv_(exp_avg, denom, value=-step_size)
+//! Split in two around the square root so that the host tiles can vectorise it (see above).
+template <bool L2, bool Decoupled>
+struct adam_update {
+  static constexpr std::size_t states = 2;
+  static constexpr bool uses_sqrt = true;
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float weight_decay;  // L2 coefficient (Adam)
+  float decay;         // 1 - lr * weight_decay (AdamW)
+  float neg_step_size;
+  float bias_correction2_sqrt;
+  float eps;
+
+  //! Everything before the square root: weight decay and the two moments.
+  TRIDENT_HOST_DEVICE void moments(float& p, float g, float& m, float& v) const noexcept {
+    if constexpr (Decoupled) p = mul_rn(p, decay);
+    if constexpr (L2) g = add_rn(g, mul_rn(weight_decay, p));
+    m = add_rn(mul_rn(m, beta1), mul_rn(one_minus_beta1, g));
+    v = add_rn(mul_rn(v, beta2), mul_rn(mul_rn(one_minus_beta2, g), g));
+  }
+  //! The parameter update, given sqrt(exp_avg_sq).
+  TRIDENT_HOST_DEVICE void apply(float& p, float m, float sqrt_v) const noexcept {
+    const float denom = add_rn(div_rn(sqrt_v, bias_correction2_sqrt), eps);
+    p = add_rn(p, mul_rn(neg_step_size, div_rn(m, denom)));
+  }
+  TRIDENT_HOST_DEVICE void operator()(float& p, float g, float& m, float& v) const noexcept {
+    moments(p, g, m, v);
+    apply(p, m, sqrt_rn(v));
+  }
+};
+
+template <bool L2, bool Decoupled, class Options, class F>
+decltype(auto) visit_adam(const Options& o, std::int64_t step_number, F&& f) {
+  // Python computes these scalars in double; the kernels receive them rounded to float.
+  const double t = static_cast<double>(step_number);
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
+  const double lr = o.lr;
+  adam_update<L2, Decoupled> u{};
+  u.beta1 = o.beta1;
+  u.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(o.beta1));
+  u.beta2 = o.beta2;
+  u.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
+  u.weight_decay = o.weight_decay;
+  u.decay = static_cast<float>(1.0 - lr * static_cast<double>(o.weight_decay));
+  u.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  u.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  u.eps = o.eps;
+  return std::forward<F>(f)(u);
+}
+
+// ---- argument checks ---------------------------------------------------------------------------
+
+inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+//! Shared by the host and the CUDA step: sizes, step number and no overlap between the arrays
+//! written (the kernels assume none: restrict).
+template <class Grad, class Working, std::size_t States>
+void check_step(const char* who, const float* params, std::size_t n, const Grad* grads, std::size_t grads_size,
+                const std::array<float*, States>& state, const std::array<std::size_t, States>& state_sizes,
+                std::size_t used_states, const Working* working, std::size_t working_size, std::int64_t step_number) {
+  TRIDENT_EXPECT(grads_size == n, who, ": ", n, " parameters but ", grads_size, " gradients");
+  for (std::size_t s = 0; s < used_states; ++s)
+    TRIDENT_EXPECT(state_sizes[s] == n, who, ": state ", s, " has ", state_sizes[s], " elements, expected ", n,
+                   " (one per parameter)");
+  TRIDENT_EXPECT(working_size == 0 || working_size == n, who, ": the working copy has ", working_size,
+                 " elements, expected 0 (none) or ", n);
+  TRIDENT_EXPECT(step_number >= 1, who, ": step_number is 1-based (1 on the first step), got ", step_number);
+  const std::size_t bytes = n * sizeof(float);
+  for (std::size_t s = 0; s < used_states; ++s) {
+    TRIDENT_EXPECT(!overlaps(params, bytes, state[s], bytes), who, ": state ", s, " overlaps the parameters");
+    TRIDENT_EXPECT(!overlaps(grads, n * sizeof(Grad), state[s], bytes), who, ": state ", s, " overlaps the gradients");
+    for (std::size_t r = s + 1; r < used_states; ++r)
+      TRIDENT_EXPECT(!overlaps(state[r], bytes, state[s], bytes), who, ": states ", s, " and ", r, " overlap");
+  }
+  TRIDENT_EXPECT(!overlaps(params, bytes, grads, n * sizeof(Grad)), who, ": the gradients overlap the parameters");
+  if (working_size != 0) {
+    TRIDENT_EXPECT(!overlaps(params, bytes, working, n * sizeof(Working)), who,
+                   ": the working copy overlaps the parameters");
+    TRIDENT_EXPECT(!overlaps(grads, n * sizeof(Grad), working, n * sizeof(Working)), who,
+                   ": the working copy overlaps the gradients");
+  }
+}
+
+template <class T>
+inline constexpr bool is_grad_type_v =
+    std::is_same_v<T, float> || std::is_same_v<T, trident::fp16> || std::is_same_v<T, trident::bf16>;
+
+// ---- host execution: tiles and threads ---------------------------------------------------------
+
+inline constexpr std::size_t tile_size = 1024;
+inline constexpr std::size_t parallel_threshold = std::size_t{1} << 18;
+inline constexpr std::size_t min_per_thread = std::size_t{1} << 16;
+
+//! How many threads the host step uses for n elements: 1 below parallel_threshold, else up to
+//! hardware_concurrency, at least min_per_thread elements each.
+inline unsigned worker_count(std::size_t n) noexcept {
+  if (n < parallel_threshold) return 1;
+  const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(std::max<std::size_t>(1, std::min(hw, n / min_per_thread)));
+}
+
+//! fn(begin, end) over contiguous ranges covering [0, n), each starting on a multiple of
+//! `granule`; the calling thread takes the first. fn must not throw.
+template <class Fn>
+void parallel_ranges(std::size_t n, std::size_t granule, const Fn& fn) {
+  const unsigned workers = worker_count(n);
+  if (workers <= 1) {
+    if (n != 0) fn(std::size_t{0}, n);
+    return;
+  }
+  const std::size_t granules = (n + granule - 1) / granule;
+  const std::size_t per = (granules + workers - 1) / workers * granule;
+  std::vector<std::thread> threads;
+  threads.reserve(workers - 1);
+  for (unsigned w = 1; w < workers; ++w) {
+    const std::size_t begin = std::min(n, w * per);
+    const std::size_t end = std::min(n, begin + per);
+    if (begin >= end) break;
+    try {
+      threads.emplace_back([&fn, begin, end] { fn(begin, end); });
+    } catch (...) {
+      fn(begin, end);  // no thread to be had: do that range here
+    }
+  }
+  fn(std::size_t{0}, std::min(n, per));
+  for (auto& t : threads) t.join();
+}
+
+template <class Grad>
+void load_grads(float* TRIDENT_DETAIL_RESTRICT out, const Grad* TRIDENT_DETAIL_RESTRICT in, std::size_t len,
+                float multiplier) noexcept {
+  if (len == tile_size) {
+    for (std::size_t i = 0; i < tile_size; ++i) out[i] = static_cast<float>(in[i]) * multiplier;
+  } else {
+    for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<float>(in[i]) * multiplier;
+  }
+}
+
+template <class Working>
+void store_working(Working* TRIDENT_DETAIL_RESTRICT out, const float* TRIDENT_DETAIL_RESTRICT in, std::size_t len) noexcept {
+  for (std::size_t i = 0; i < len; ++i) out[i] = Working(in[i]);
+}
+
+inline void sqrt_tile(float* TRIDENT_DETAIL_RESTRICT out, const float* TRIDENT_DETAIL_RESTRICT in) noexcept {
+#if defined(TRIDENT_DETAIL_SQRT_SSE)
+  for (std::size_t i = 0; i < tile_size; i += 4) _mm_storeu_ps(out + i, _mm_sqrt_ps(_mm_loadu_ps(in + i)));
+#elif defined(TRIDENT_DETAIL_SQRT_NEON)
+  for (std::size_t i = 0; i < tile_size; i += 4) vst1q_f32(out + i, vsqrtq_f32(vld1q_f32(in + i)));
+#else
+  for (std::size_t i = 0; i < tile_size; ++i) out[i] = std::sqrt(in[i]);
+#endif
+}
+
+//! One tile: fixed-length loops when full (what -O2 vectorises), the same element code otherwise.
+template <class Update>
+void update_tile(const Update& u, float* TRIDENT_DETAIL_RESTRICT p, const float* TRIDENT_DETAIL_RESTRICT g,
+                 float* TRIDENT_DETAIL_RESTRICT s0, float* TRIDENT_DETAIL_RESTRICT s1, std::size_t len) noexcept {
+  if (len == tile_size) {
+    if constexpr (Update::uses_sqrt) {
+      alignas(64) float root[tile_size];
+      TRIDENT_DETAIL_IVDEP
+      for (std::size_t i = 0; i < tile_size; ++i) u.moments(p[i], g[i], s0[i], s1[i]);
+      sqrt_tile(root, s1);
+      TRIDENT_DETAIL_IVDEP
+      for (std::size_t i = 0; i < tile_size; ++i) u.apply(p[i], s0[i], root[i]);
+    } else {
+      TRIDENT_DETAIL_IVDEP
+      for (std::size_t i = 0; i < tile_size; ++i) u(p[i], g[i], s0[i], s1[i]);
+    }
+  } else {
+    for (std::size_t i = 0; i < len; ++i) u(p[i], g[i], s0[i], s1[i]);
+  }
+}
+
+template <class Update, class Grad, class Working>
+void host_step(const Update& u, float* params, const Grad* grads, float* s0, float* s1, Working* working, std::size_t n,
+               float multiplier) {
+  parallel_ranges(n, tile_size, [&](std::size_t begin, std::size_t end) {
+    alignas(64) float g[tile_size];
+    alignas(64) float unused[tile_size];  // stands for the states an update does not have; never touched
+    for (std::size_t at = begin; at < end; at += tile_size) {
+      const std::size_t len = std::min(tile_size, end - at);
+      load_grads(g, grads + at, len, multiplier);
+      float* a = Update::states >= 1 ? s0 + at : unused;
+      float* b = Update::states >= 2 ? s1 + at : unused;
+      update_tile(u, params + at, g, a, b, len);
+      if (working != nullptr) store_working(working + at, params + at, len);
+    }
+  });
+}
+
+template <class Update, class Grad, class Working, std::size_t S>
+void run_host_step(const char* who, const Update& u, std::span<float> params, std::span<const Grad> grads,
+                   const std::array<std::span<float>, S>& state, std::int64_t step_number, float multiplier,
+                   std::span<Working> working) {
+  static_assert(is_grad_type_v<Grad>, "optimizer step: gradients must be float, trident::fp16 or trident::bf16");
+  static_assert(is_grad_type_v<Working>, "optimizer step: the working copy must be float, trident::fp16 or trident::bf16");
+  std::array<float*, S> pointers{};
+  std::array<std::size_t, S> sizes{};
+  for (std::size_t s = 0; s < S; ++s) {
+    pointers[s] = state[s].data();
+    sizes[s] = state[s].size();
+  }
+  check_step(who, params.data(), params.size(), grads.data(), grads.size(), pointers, sizes, Update::states,
+             working.data(), working.size(), step_number);
+  host_step(u, params.data(), grads.data(), Update::states >= 1 ? pointers[0] : nullptr,
+            Update::states >= 2 ? pointers[1] : nullptr, working.empty() ? nullptr : working.data(), params.size(),
+            multiplier);
+}
+
+}  // namespace detail
+
+//! Stochastic gradient descent with optional (Nesterov) momentum, dampening and L2 weight decay,
+//! exactly torch.optim.SGD. The one state is the momentum buffer; it is written on the first
+//! step (step_number == 1) without being read, so it need not be zeroed, and it may be empty
+//! when momentum is 0.
+//!
+//!   trident::optim::sgd o{{.lr = 0.1f, .momentum = 0.9f, .nesterov = true}};
+//!   o.step(params, std::span<const float>(grads), {momentum_buffer}, step_number);
+struct sgd {
+  struct options {
+    float lr = 1e-2f;
+    float momentum = 0;
+    float dampening = 0;
+    float weight_decay = 0;
+    bool nesterov = false;
+  };
+  static constexpr std::size_t state_count = 1;  // momentum buffer
+
+  options opt;
+
+  //! Calls f with this step's element update (a detail::sgd_update<...>); see the header comment.
+  template <class F>
+  decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
+    TRIDENT_EXPECT(!opt.nesterov || (opt.momentum > 0 && opt.dampening == 0),
+                   "sgd: Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)");
+    const float neg_lr = static_cast<float>(-static_cast<double>(opt.lr));
+    const float one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(opt.dampening));
+    const bool first = step_number == 1;
+    auto call = [&]<bool WD, bool M, bool First, bool N>() -> decltype(auto) {
+      return std::forward<F>(f)(detail::sgd_update<WD, M, First, N>{neg_lr, opt.weight_decay, opt.momentum, one_minus_dampening});
+    };
+    auto with_wd = [&]<bool M, bool First, bool N>() -> decltype(auto) {
+      if (opt.weight_decay != 0) return call.template operator()<true, M, First, N>();
+      return call.template operator()<false, M, First, N>();
+    };
+    if (opt.momentum == 0) return with_wd.template operator()<false, false, false>();
+    if (first) {
+      if (opt.nesterov) return with_wd.template operator()<true, true, true>();
+      return with_wd.template operator()<true, true, false>();
+    }
+    if (opt.nesterov) return with_wd.template operator()<true, false, true>();
+    return with_wd.template operator()<true, false, false>();
+  }
+
+  //! One step over a flat shard; see the header comment for the arguments.
+  template <class Grad, class Working = float>
+  void step(std::span<float> params, std::span<const Grad> grads, std::array<std::span<float>, state_count> state,
+            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    visit_update(step_number, [&](const auto& u) {
+      detail::run_host_step("sgd::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
+    });
+  }
+};
+
+//! Adam with L2 weight decay added to the gradient, exactly torch.optim.Adam (amsgrad off).
+//! States: exp_avg, exp_avg_sq, zeroed before the first step.
+//!
+//!   trident::optim::adam o{{.lr = 3e-4f}};
+//!   o.step(params, std::span<const trident::bf16>(grads), {exp_avg, exp_avg_sq}, t, 1 / loss_scale);
+struct adam {
+  struct options {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 0;  // L2, added to the gradient
+  };
+  static constexpr std::size_t state_count = 2;  // exp_avg, exp_avg_sq
+
+  options opt;
+
+  template <class F>
+  decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
+    if (opt.weight_decay != 0) return detail::visit_adam<true, false>(opt, step_number, std::forward<F>(f));
+    return detail::visit_adam<false, false>(opt, step_number, std::forward<F>(f));
+  }
+
+  template <class Grad, class Working = float>
+  void step(std::span<float> params, std::span<const Grad> grads, std::array<std::span<float>, state_count> state,
+            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    visit_update(step_number, [&](const auto& u) {
+      detail::run_host_step("adam::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
+    });
+  }
+};
+
+//! AdamW: decoupled weight decay (param *= 1 - lr * weight_decay, then the Adam update without
+//! L2), exactly torch.optim.AdamW (amsgrad off); weight_decay defaults to 1e-2 as there.
+//!
+//!   trident::optim::adamw o;  o.opt.lr = 3e-4f;
+//!   o.step(master, grads, {exp_avg, exp_avg_sq}, t, multiplier, std::span<trident::bf16>(working));
+struct adamw {
+  struct options {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 1e-2f;  // decoupled: param *= 1 - lr * weight_decay
+  };
+  static constexpr std::size_t state_count = 2;  // exp_avg, exp_avg_sq
+
+  options opt;
+
+  template <class F>
+  decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
+    if (opt.weight_decay != 0) return detail::visit_adam<false, true>(opt, step_number, std::forward<F>(f));
+    return detail::visit_adam<false, false>(opt, step_number, std::forward<F>(f));
+  }
+
+  template <class Grad, class Working = float>
+  void step(std::span<float> params, std::span<const Grad> grads, std::array<std::span<float>, state_count> state,
+            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    visit_update(step_number, [&](const auto& u) {
+      detail::run_host_step("adamw::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
+    });
+  }
+};
+
+//! A type usable by zero_optimizer: options, state_count fp32 states per parameter, and a host
+//! step for float, fp16 and bf16 gradients (see the header comment).
+//!
+//!   static_assert(trident::optim::optimizer<trident::optim::adamw>);
+template <class O>
+concept optimizer =
+    std::copy_constructible<O> &&
+    requires(const O& o, std::span<float> p, std::array<std::span<float>, O::state_count> s, std::int64_t t, float m) {
+      typename O::options;
+      { o.opt } -> std::convertible_to<const typename O::options&>;
+      o.step(p, std::span<const float>{}, s, t, m);
+      o.step(p, std::span<const trident::fp16>{}, s, t, m, std::span<trident::fp16>{});
+      o.step(p, std::span<const trident::bf16>{}, s, t, m, std::span<trident::bf16>{});
+    };
+
+namespace detail {
+struct update_sink {
+  template <class Update>
+  void operator()(const Update&) const noexcept {}
+};
+}  // namespace detail
+
+//! An optimizer whose update is element-wise and exposed as a functor: what cuda::step runs.
+template <class O>
+concept elementwise_optimizer = optimizer<O> && requires(const O& o, std::int64_t t, detail::update_sink sink) {
+  o.visit_update(t, sink);
+};
+
+static_assert(elementwise_optimizer<sgd> && elementwise_optimizer<adam> && elementwise_optimizer<adamw>);
+
+//! One pass over a gradient shard: the sum of squares of the multiplied gradients (for global
+//! norm clipping, summed over shards and ranks) and whether all of them are finite (the
+//! overflow check of dynamic loss scaling).
+struct grad_stats {
+  double sum_squares = 0;
+  bool finite = true;
+};
+
+namespace detail {
+
+//! gradient_stats works in blocks of this many elements, each summed by 256 lanes (lane j takes
+//! elements j, j + 256, ...) combined by a pairwise tree, and blocks added in order: the
+//! scheme of a 256-thread CUDA block, so the device result is bitwise the host's.
+inline constexpr std::size_t stats_block = std::size_t{1} << 16;
+inline constexpr std::size_t stats_lanes = 256;
+
+template <class Grad>
+double block_sum_squares(const Grad* g, std::size_t len, float multiplier) noexcept {
+  alignas(64) double acc[stats_lanes] = {};
+  std::size_t i = 0;
+  for (; i + stats_lanes <= len; i += stats_lanes) {
+    for (std::size_t j = 0; j < stats_lanes; ++j) {
+      const double x = static_cast<float>(g[i + j]) * multiplier;
+      acc[j] += x * x;
+    }
+  }
+  for (std::size_t j = 0; i + j < len; ++j) {
+    const double x = static_cast<float>(g[i + j]) * multiplier;
+    acc[j] += x * x;
+  }
+  for (std::size_t width = stats_lanes / 2; width > 0; width /= 2)
+    for (std::size_t j = 0; j < width; ++j) acc[j] += acc[j + width];
+  return acc[0];
+}
+
+}  // namespace detail
+
+//! Sum of squares (in double) and finiteness of `float(g) * multiplier` over the shard, in one
+//! deterministic pass (fixed blocks and order, whatever the thread count). A non-finite element
+//! makes the sum non-finite (squares in double cannot overflow), which is how `finite` is found.
+//!
+//!   auto s = trident::optim::gradient_stats(std::span<const trident::bf16>(grads), 1 / scale);
+//!   if (!s.finite) skip_step();
+template <class Grad>
+grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1.0f) {
+  static_assert(detail::is_grad_type_v<Grad>, "gradient_stats: gradients must be float, trident::fp16 or trident::bf16");
+  const std::size_t n = grads.size();
+  const std::size_t blocks = (n + detail::stats_block - 1) / detail::stats_block;
+  std::vector<double> partial(blocks, 0.0);
+  detail::parallel_ranges(n, detail::stats_block, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t at = begin; at < end; at += detail::stats_block)
+      partial[at / detail::stats_block] =
+          detail::block_sum_squares(grads.data() + at, std::min(detail::stats_block, end - at), multiplier);
+  });
+  double total = 0;
+  for (const double p : partial) total += p;
+  return {total, std::isfinite(total)};
+}
+
+//! The factor that clips gradients to a global L2 norm, as torch.nn.utils.clip_grad_norm_:
+//! min(1, max_norm / (global_norm + 1e-6)); NaN when the norm is NaN (as PyTorch, which then
+//! multiplies the gradients by NaN). Pass it to step() inside grad_multiplier.
+//!
+//!   const float m = unscale * trident::optim::clip_multiplier(std::sqrt(total_sum_squares), 1.0f);
+inline float clip_multiplier(double global_norm, float max_norm) {
+  TRIDENT_EXPECT(max_norm > 0, "clip_multiplier: max_norm must be positive, got ", max_norm);
+  const double coefficient = static_cast<double>(max_norm) / (global_norm + 1e-6);
+  if (std::isnan(coefficient)) return static_cast<float>(coefficient);
+  return static_cast<float>(std::min(coefficient, 1.0));
+}
+
+}  // namespace trident::optim
