@@ -1,0 +1,228 @@
+#pragma once
+// Flat storage for data parallelism and ZeRO: tensors registered by name, shape and layer,
+// packed into one contiguous buffer, cut into size-capped buckets, each bucket padded so it
+// splits evenly over the data-parallel group.
+//
+//   struct model_spec        tensors by name, shape and layer, in forward order
+//   class flat_layout        offsets of tensors and buckets; which piece of each bucket a rank owns
+//   class sharded<T, Space>  one flat buffer partitioned over a group, with padding: the local
+//                            shard, all_gather into the full buffer, reduce_scatter from it
+//
+// Why buckets are sharded one by one (as in PyTorch FSDP) instead of sharding the whole buffer
+// once: a bucket can then be reduce-scattered the moment its gradients are ready, with equal
+// chunks, and a ZeRO-3 layer can be gathered without touching the rest. A rank's shard is the
+// concatenation of its piece of every bucket; element-wise optimizers do not care.
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
+#include "trident/core/error.hpp"
+
+namespace trident::zero {
+
+//! The parameters of a model: name, shape and the layer that uses them (layers are numbered in
+//! forward order; ZeRO-3 gathers parameters layer by layer, and buckets never split a layer).
+//!
+//!   trident::zero::model_spec spec;
+//!   spec.add("fc1.weight", {256, 784}, 0).add("fc1.bias", {256}, 0).add("fc2.weight", {10, 256}, 1);
+class model_spec {
+ public:
+  struct tensor {
+    std::string name;
+    std::vector<std::size_t> shape;
+    int layer;
+    std::size_t numel;
+  };
+
+  model_spec& add(std::string name, std::vector<std::size_t> shape, int layer) {
+    TRIDENT_EXPECT(!name.empty(), "model_spec::add: a tensor needs a name");
+    TRIDENT_EXPECT(layer >= 0, "model_spec::add(", name, "): layer ", layer, " must be >= 0");
+    TRIDENT_EXPECT(tensors_.empty() || layer >= tensors_.back().layer, "model_spec::add(", name, "): layer ", layer,
+                   " comes after layer ", tensors_.back().layer, "; add tensors in forward order");
+    for (const auto& t : tensors_) TRIDENT_EXPECT(t.name != name, "model_spec::add: tensor '", name, "' is already registered");
+    std::size_t n = 1;
+    for (std::size_t d : shape) n *= d;
+    TRIDENT_EXPECT(n > 0, "model_spec::add(", name, "): the shape has no elements");
+    tensors_.push_back({std::move(name), std::move(shape), layer, n});
+    return *this;
+  }
+  const std::vector<tensor>& tensors() const noexcept { return tensors_; }
+  std::size_t parameters() const noexcept {
+    std::size_t n = 0;
+    for (const auto& t : tensors_) n += t.numel;
+    return n;
+  }
+  int layers() const noexcept { return tensors_.empty() ? 0 : tensors_.back().layer + 1; }
+
+ private:
+  std::vector<tensor> tensors_;
+};
+
+//! Where everything lives in the flat buffer for a group of `ranks`.
+class flat_layout {
+ public:
+  struct bucket {
+    std::size_t begin;        // first element in the full flat buffer
+    std::size_t size;         // elements including padding (a multiple of ranks x granule)
+    std::size_t used;         // elements of real tensors
+    int first_layer, last_layer;
+    std::size_t shard_begin;  // where this rank's piece of it starts in the shard
+    std::size_t piece() const noexcept { return size; }
+  };
+  struct placement {
+    std::size_t offset;  // in the full flat buffer
+    std::size_t numel;
+    int layer;
+    std::size_t bucket;
+  };
+
+  //! Buckets collect whole layers, walking backwards from the last layer (the order in which
+  //! backward produces gradients), up to `bucket_elements`; the first bucket formed is capped at
+  //! `first_bucket_elements` so communication starts early. A layer larger than the cap gets a
+  //! bucket of its own. Every bucket is padded to a multiple of ranks x `granule` elements.
+  flat_layout(const model_spec& spec, int ranks, std::size_t bucket_elements, std::size_t first_bucket_elements,
+              std::size_t granule = 16)
+      : ranks_(ranks) {
+    TRIDENT_EXPECT(ranks >= 1, "flat_layout: expected at least one rank, got ", ranks);
+    TRIDENT_EXPECT(bucket_elements >= 1 && first_bucket_elements >= 1, "flat_layout: bucket sizes must be positive");
+    TRIDENT_EXPECT(!spec.tensors().empty(), "flat_layout: the model has no parameters");
+    const int layers = spec.layers();
+    std::vector<std::size_t> layer_size(static_cast<std::size_t>(layers), 0);
+    for (const auto& t : spec.tensors()) layer_size[static_cast<std::size_t>(t.layer)] += t.numel;
+
+    // Group layers into buckets from the back.
+    std::vector<std::pair<int, int>> groups;  // [first, last] layer, in backward order
+    int last = layers - 1;
+    std::size_t cap = first_bucket_elements, filled = 0;
+    for (int l = layers - 1; l >= 0; --l) {
+      const std::size_t s = layer_size[static_cast<std::size_t>(l)];
+      if (filled > 0 && filled + s > cap) {
+        groups.push_back({l + 1, last});
+        last = l;
+        filled = 0;
+        cap = bucket_elements;
+      }
+      filled += s;
+    }
+    groups.push_back({0, last});
+    std::reverse(groups.begin(), groups.end());  // memory order = forward order
+
+    const std::size_t quantum = static_cast<std::size_t>(ranks) * granule;
+    std::size_t begin = 0, shard = 0;
+    for (auto [first, end_layer] : groups) {
+      std::size_t used = 0;
+      for (int l = first; l <= end_layer; ++l) used += layer_size[static_cast<std::size_t>(l)];
+      if (used == 0) continue;  // layers without parameters
+      const std::size_t size = (used + quantum - 1) / quantum * quantum;
+      buckets_.push_back({begin, size, used, first, end_layer, shard});
+      begin += size;
+      shard += size / static_cast<std::size_t>(ranks);
+    }
+    full_size_ = begin;
+    shard_size_ = shard;
+    layer_bucket_.assign(static_cast<std::size_t>(layers), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (int l = buckets_[b].first_layer; l <= buckets_[b].last_layer; ++l) layer_bucket_[static_cast<std::size_t>(l)] = b;
+    std::vector<std::size_t> cursor(buckets_.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) cursor[b] = buckets_[b].begin;
+    for (const auto& t : spec.tensors()) {
+      const std::size_t b = layer_bucket_[static_cast<std::size_t>(t.layer)];
+      placements_.emplace(t.name, placement{cursor[b], t.numel, t.layer, b});
+      cursor[b] += t.numel;
+    }
+    parameters_ = spec.parameters();
+  }
+
+  int ranks() const noexcept { return ranks_; }
+  const std::vector<bucket>& buckets() const noexcept { return buckets_; }
+  std::size_t full_size() const noexcept { return full_size_; }
+  std::size_t shard_size() const noexcept { return shard_size_; }
+  std::size_t parameters() const noexcept { return parameters_; }
+  //! Elements added so that every bucket divides evenly (part of full_size()).
+  std::size_t padding() const noexcept { return full_size_ - parameters_; }
+  std::size_t bucket_of_layer(int layer) const {
+    TRIDENT_EXPECT(layer >= 0 && static_cast<std::size_t>(layer) < layer_bucket_.size(), "flat_layout: layer ", layer,
+                   " is not a layer of the model (0..", layer_bucket_.size() - 1, ")");
+    return layer_bucket_[static_cast<std::size_t>(layer)];
+  }
+  const placement& find(const std::string& name) const {
+    auto it = placements_.find(name);
+    TRIDENT_EXPECT(it != placements_.end(), "flat_layout: no tensor named '", name, "'");
+    return it->second;
+  }
+  const std::map<std::string, placement>& placements() const noexcept { return placements_; }
+  //! Elements of each rank's piece of bucket b.
+  std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].size / static_cast<std::size_t>(ranks_); }
+  //! Where rank r's piece of bucket b starts in the full flat buffer.
+  std::size_t piece_begin(std::size_t b, int r) const noexcept {
+    return buckets_[b].begin + static_cast<std::size_t>(r) * piece_size(b);
+  }
+
+ private:
+  int ranks_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> layer_bucket_;
+  std::map<std::string, placement> placements_;
+  std::size_t full_size_ = 0, shard_size_ = 0, parameters_ = 0;
+};
+
+//! A flat array of `size()` elements partitioned over a group of `ranks`: padded to a multiple
+//! of ranks, each rank holding one contiguous shard.
+//!
+//!   trident::zero::sharded<float> w(1000, comm.rank(), comm.size(), trident::mem_category::parameters);
+//!   std::vector<float> full(w.padded_size());
+//!   w.all_gather(comm, full);                            // every rank: all shards in order
+//!   w.reduce_scatter(comm, full, trident::reduce_op::avg);
+template <element_type T, memory_space Space = host_space>
+class sharded {
+ public:
+  sharded(std::size_t size, int rank, int ranks, mem_category category = mem_category::other)
+      : size_(size), rank_(rank), ranks_(ranks) {
+    TRIDENT_EXPECT(ranks >= 1 && rank >= 0 && rank < ranks, "sharded: rank ", rank, " is not in a group of ", ranks);
+    shard_size_ = (size + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    shard_ = buffer<T, Space>(shard_size_, category);
+    fill_zero(shard_);  // padding stays zero, so it never disturbs sums or norms
+  }
+
+  std::size_t size() const noexcept { return size_; }
+  std::size_t padded_size() const noexcept { return shard_size_ * static_cast<std::size_t>(ranks_); }
+  std::size_t padding() const noexcept { return padded_size() - size_; }
+  std::size_t shard_size() const noexcept { return shard_size_; }
+  //! Index in the full array of this rank's first element.
+  std::size_t shard_begin() const noexcept { return shard_size_ * static_cast<std::size_t>(rank_); }
+  buffer<T, Space>& shard() noexcept { return shard_; }
+  const buffer<T, Space>& shard() const noexcept { return shard_; }
+
+  template <communicator C>
+    requires std::same_as<typename C::space, Space>
+  void all_gather(C& comm, space_span<T, Space> full) {
+    check(comm, full.size(), "all_gather");
+    comm.all_gather(shard_, full);
+  }
+  template <communicator C>
+    requires std::same_as<typename C::space, Space>
+  void reduce_scatter(C& comm, space_span<const T, Space> full, reduce_op op = reduce_op::sum) {
+    check(comm, full.size(), "reduce_scatter");
+    comm.reduce_scatter(full, shard_, op);
+  }
+
+ private:
+  template <class C>
+  void check(C& comm, std::size_t full, const char* what) const {
+    TRIDENT_EXPECT(comm.size() == ranks_ && comm.rank() == rank_, "sharded::", what, ": the communicator is rank ", comm.rank(),
+                   " of ", comm.size(), " but the array was partitioned for rank ", rank_, " of ", ranks_);
+    TRIDENT_EXPECT(full == padded_size(), "sharded::", what, ": the full buffer has ", full, " elements; expected the padded size ",
+                   padded_size(), " (", size_, " + ", padding(), " padding)");
+  }
+
+  std::size_t size_;
+  int rank_, ranks_;
+  std::size_t shard_size_ = 0;
+  buffer<T, Space> shard_;
+};
+
+}  // namespace trident::zero

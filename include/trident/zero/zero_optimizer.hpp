@@ -1,0 +1,479 @@
+#pragma once
+// ZeRO (Rajbhandari et al., 2020) stages 0-3 over a data-parallel communicator, composed with an
+// optimizer and a precision policy:
+//
+//   zero_optimizer<Stage, Opt, Comm, Precision = full_precision>
+//     Stage 0  gradients all-reduced; every rank keeps full parameters, gradients, states
+//     Stage 1  + optimizer states (and fp32 master weights) sharded; parameters all-gathered
+//              after the step
+//     Stage 2  + gradients reduce-scattered: each rank keeps only its shard of them
+//     Stage 3  + parameters sharded: gathered bucket by bucket before a layer's forward and
+//              backward, released after, the next bucket prefetched; buckets smaller than a
+//              persistence threshold stay gathered
+//
+// Per-rank bytes for parameters, gradients and optimizer states, mixed-precision Adam, Ψ
+// parameters (padded to whole buckets), N ranks: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Bucket
+// buffers for gradient reduction (stages 2-3) and gathered parameters (stage 3) are charged to
+// mem_category::communication, so they are reported separately.
+//
+// How a step goes (the user writes forward and backward):
+//   for each micro-batch:
+//     forward:  p = zero.parameters("fc1.weight") ...; zero.release(layer) (stage 3)
+//     backward: g = zero.gradients("fc1.weight"); g += ... (accumulate, scaled by loss_scale());
+//               zero.grad_ready(layer) as each layer's gradients are complete: a bucket whose
+//               layers are all ready starts its (asynchronous) reduction at once
+//   zero.step(): waits for the reductions, checks every rank's gradients for inf/NaN (a step
+//   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
+//   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
+//
+// Equivalence: the result equals single-rank training on the global batch (gradients are
+// averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
+// stage reduces each bucket with the same summation order and updates the same elements with
+// the same arithmetic; the gradient norm is always summed over the same shard pieces.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/comm/host_reduce.hpp"
+#include "trident/core/buffer.hpp"
+#include "trident/core/error.hpp"
+#include "trident/optim/optimizers.hpp"
+#include "trident/zero/flat_layout.hpp"
+#include "trident/zero/mixed_precision.hpp"
+
+namespace trident::zero {
+
+struct zero_options {
+  std::size_t bucket_bytes = std::size_t{25} << 20;      // gradient bucket cap (PyTorch DDP's default)
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, so the first reduction starts early
+  bool average = true;                                    // average gradients over ranks (else sum)
+  float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off
+  std::size_t persistence_threshold = 100'000;            // stage 3: buckets with fewer elements stay gathered
+  bool prefetch = true;                                   // stage 3: gather the next bucket in the background
+};
+
+//! What step() did.
+struct step_result {
+  bool applied;         // false: an inf/NaN gradient on some rank, the step was skipped everywhere
+  double grad_norm;     // global L2 norm of the (unscaled, unclipped) gradients
+  float loss_scale;     // the scale the next step uses
+};
+
+template <int Stage, class Opt, communicator Comm, class Precision = full_precision>
+class zero_optimizer {
+  static_assert(Stage >= 0 && Stage <= 3, "zero_optimizer<Stage, ...>: Stage must be 0, 1, 2 or 3 (the ZeRO stages)");
+  static_assert(Comm::space::host_accessible,
+                "zero_optimizer: this version runs on host communicators (local_comm, mpi_comm); the CUDA/NCCL path "
+                "is not written yet");
+
+ public:
+  using space = typename Comm::space;
+  using half_type = typename Precision::half_type;
+  using scaler_type = typename Precision::scaler_type;
+  static constexpr int stage = Stage;
+  static constexpr bool has_master = Precision::has_master;
+
+  zero_optimizer(Comm& dp, const model_spec& spec, Opt optimizer, zero_options options = {}, scaler_type scaler = {})
+      : comm_(&dp), opt_(std::move(optimizer)), options_(options), scaler_(scaler),
+        layout_(spec, dp.size(), std::max<std::size_t>(1, options.bucket_bytes / sizeof(half_type)),
+                std::max<std::size_t>(1, options.first_bucket_bytes / sizeof(half_type))),
+        rank_(dp.rank()) {
+    const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
+    if constexpr (Stage < 3) working_ = zeroed<half_type>(full, mem_category::parameters);
+    else working_ = zeroed<half_type>(shard, mem_category::parameters);
+    if constexpr (has_master) master_ = zeroed<float>(Stage == 0 ? full : shard, mem_category::parameters);
+    grads_ = zeroed<half_type>(Stage < 2 ? full : shard, mem_category::gradients);
+    for (auto& s : states_) s = zeroed<float>(Stage == 0 ? full : shard, mem_category::optimizer_state);
+    const std::size_t nb = layout_.buckets().size();
+    ready_.assign(nb, std::vector<bool>());
+    for (std::size_t b = 0; b < nb; ++b) {
+      const auto& k = layout_.buckets()[b];
+      ready_[b].assign(static_cast<std::size_t>(k.last_layer - k.first_layer + 1), false);
+    }
+    bucket_grads_.resize(nb);
+    gathered_.resize(nb);
+    pending_gather_.resize(nb);
+    in_use_.assign(nb, 0);
+    synced_.assign(nb, false);
+  }
+
+  zero_optimizer(const zero_optimizer&) = delete;
+  zero_optimizer& operator=(const zero_optimizer&) = delete;
+  ~zero_optimizer() {
+    // Outstanding communication refers to our buffers: let it finish.
+    try {
+      for (auto& p : pending_reduce_) p.request.wait();
+      for (auto& g : pending_gather_)
+        if (g) g->wait();
+    } catch (...) {
+    }
+  }
+
+  const flat_layout& layout() const noexcept { return layout_; }
+  float loss_scale() const noexcept { return scaler_.scale(); }
+  std::int64_t steps_taken() const noexcept { return step_count_; }
+
+  // ---- parameters ----------------------------------------------------------------------------
+
+  //! Sets a parameter from its full value (every rank passes the same values; each keeps what its
+  //! stage keeps).
+  void set_parameter(const std::string& name, std::span<const float> values) {
+    const auto& p = layout_.find(name);
+    TRIDENT_EXPECT(values.size() == p.numel, "set_parameter(", name, "): got ", values.size(), " values; expected ", p.numel);
+    for (std::size_t j = 0; j < p.numel; ++j) {
+      const std::size_t full = p.offset + j;
+      if constexpr (Stage < 3) working_[full] = static_cast<half_type>(values[j]);
+      const auto local = shard_index(full);
+      if constexpr (Stage == 3)
+        if (local) working_[*local] = static_cast<half_type>(values[j]);
+      if constexpr (has_master) {
+        if constexpr (Stage == 0) master_[full] = values[j];
+        else if (local) master_[*local] = values[j];
+      }
+    }
+    invalidate_gathered();
+  }
+
+  //! The full fp32 value of a parameter (the master weights where there are any): collective, as
+  //! it gathers the shards.
+  std::vector<float> parameter(const std::string& name) {
+    const auto all = full_master();
+    const auto& p = layout_.find(name);
+    return std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                              all.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+  }
+
+  //! All parameters in fp32, in layout order (padding included): collective.
+  std::vector<float> full_master() {
+    std::vector<float> full(layout_.full_size());
+    if constexpr (Stage == 0) {
+      for (std::size_t i = 0; i < full.size(); ++i) full[i] = master_value(i);
+    } else {
+      std::vector<float> mine(layout_.shard_size());
+      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+        const auto& k = layout_.buckets()[b];
+        const std::size_t piece = layout_.piece_size(b);
+        for (std::size_t j = 0; j < piece; ++j) mine[k.shard_begin + j] = shard_master_value(k.shard_begin + j);
+        std::vector<float> gathered(k.size);
+        comm_->all_gather(std::span<const float>(mine).subspan(k.shard_begin, piece), gathered);
+        std::copy(gathered.begin(), gathered.end(), full.begin() + static_cast<std::ptrdiff_t>(k.begin));
+      }
+    }
+    return full;
+  }
+
+  //! The working weights of a tensor for forward and backward. Stage 3 gathers its bucket first
+  //! (and prefetches the next one); call release(layer) when the layer is done with them.
+  space_span<const half_type, space> parameters(const std::string& name) {
+    const auto& p = layout_.find(name);
+    if constexpr (Stage < 3) {
+      return {working_.data() + p.offset, p.numel};
+    } else {
+      const std::size_t b = p.bucket;
+      gather(b);
+      ++in_use_[b];
+      prefetch_after(b);
+      return {gathered_[b].data() + (p.offset - layout_.buckets()[b].begin), p.numel};
+    }
+  }
+
+  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2).
+  void release(int layer) {
+    if constexpr (Stage == 3) {
+      const std::size_t b = layout_.bucket_of_layer(layer);
+      if (in_use_[b] > 0) in_use_[b] = 0;
+      if (!persistent(b)) gathered_[b] = buffer<half_type>();
+    } else {
+      (void)layout_.bucket_of_layer(layer);
+    }
+  }
+
+  // ---- gradients ----------------------------------------------------------------------------
+
+  //! Where backward accumulates (+=) the gradient of a tensor. Stages 0-1: the full gradient
+  //! buffer; stages 2-3: the bucket's communication buffer, zeroed on first use in a micro-batch.
+  space_span<half_type, space> gradients(const std::string& name) {
+    const auto& p = layout_.find(name);
+    // A new micro-batch must not write into gradients that are still being reduced.
+    for (const auto& q : pending_reduce_)
+      if (q.bucket == p.bucket) {
+        finish_reductions();
+        break;
+      }
+    if constexpr (Stage < 2) {
+      return {grads_.data() + p.offset, p.numel};
+    } else {
+      auto& g = bucket_grads_[p.bucket];
+      if (g.size() == 0) g = zeroed<half_type>(layout_.buckets()[p.bucket].size, mem_category::communication);
+      return {g.data() + (p.offset - layout_.buckets()[p.bucket].begin), p.numel};
+    }
+  }
+
+  //! Stages 0-1: whether this micro-batch's gradients are reduced (false for all but the last
+  //! micro-batch of an accumulation: gradients then accumulate locally, as with DDP's no_sync).
+  void set_gradient_sync(bool sync) {
+    TRIDENT_EXPECT(Stage < 2 || sync, "set_gradient_sync(false): stages 2 and 3 keep only a shard of the gradients, so "
+                   "they reduce every micro-batch");
+    sync_ = sync;
+  }
+
+  //! The gradients of `layer` are complete for this micro-batch. When every layer of a bucket is
+  //! ready its reduction starts, asynchronously.
+  void grad_ready(int layer) {
+    const std::size_t b = layout_.bucket_of_layer(layer);
+    const auto& k = layout_.buckets()[b];
+    auto flag = ready_[b].begin() + (layer - k.first_layer);
+    TRIDENT_EXPECT(!*flag, "grad_ready(", layer, "): the layer was already marked ready in this micro-batch");
+    *flag = true;
+    for (bool r : ready_[b])
+      if (!r) return;
+    std::fill(ready_[b].begin(), ready_[b].end(), false);  // the next micro-batch starts afresh
+    synced_[b] = sync_;
+    launch_reduction(b);
+  }
+
+  //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
+  //! rank's shard and all-gathers the result. Every layer must have been marked ready.
+  step_result step() {
+    for (std::size_t b = 0; b < ready_.size(); ++b) {
+      for (std::size_t l = 0; l < ready_[b].size(); ++l)
+        TRIDENT_EXPECT(!ready_[b][l], "step: layer ", layout_.buckets()[b].first_layer + static_cast<int>(l),
+                       " was marked ready but other layers of its bucket were not (call grad_ready for every layer)");
+      TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", layout_.buckets()[b].first_layer, "..",
+                     layout_.buckets()[b].last_layer, " were not reduced: every layer must be marked ready (grad_ready) in "
+                     "the last micro-batch, with gradient sync on");
+    }
+    finish_reductions();
+
+    // Overflow and norm over this rank's pieces, then over the group.
+    const float unscale = 1.0f / scaler_.scale();
+    double sum_squares = 0;
+    bool finite = true;
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto s = optim::gradient_stats(std::span<const half_type>(grad_piece(b)), unscale);
+      sum_squares += s.sum_squares;
+      finite = finite && s.finite;
+    }
+    std::array<double, 1> norm_sq{sum_squares};
+    std::array<std::int32_t, 1> bad{finite ? 0 : 1};
+    comm_->all_reduce(norm_sq, reduce_op::sum);
+    comm_->all_reduce(bad, reduce_op::max);
+    const bool overflow = bad[0] != 0;
+    const double norm = std::sqrt(norm_sq[0]);
+    const bool applied = scaler_.update(overflow);
+
+    if (applied) {
+      ++step_count_;
+      float multiplier = unscale;
+      if (options_.max_grad_norm > 0) multiplier *= optim::clip_multiplier(norm, options_.max_grad_norm);
+      if constexpr (Stage == 0) {
+        update(std::span<float>(master_or_working(0, layout_.full_size())), std::span<const half_type>(grads_.data(), grads_.size()),
+               0, layout_.full_size(), multiplier, working_span(0, layout_.full_size()));
+      } else {
+        for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+          const auto& k = layout_.buckets()[b];
+          const std::size_t piece = layout_.piece_size(b);
+          const std::size_t working_at = Stage < 3 ? layout_.piece_begin(b, rank_) : k.shard_begin;
+          update(master_or_working(has_master ? k.shard_begin : working_at, piece), std::span<const half_type>(grad_piece(b)),
+                 k.shard_begin, piece, multiplier, working_span(working_at, piece));
+        }
+        if constexpr (Stage < 3) {
+          // Everyone's new parameters, bucket by bucket, in place.
+          for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+            const auto& k = layout_.buckets()[b];
+            const std::size_t piece = layout_.piece_size(b);
+            space_span<half_type, space> whole(working_.data() + k.begin, k.size);
+            comm_->all_gather(space_span<const half_type, space>(working_.data() + layout_.piece_begin(b, rank_), piece), whole);
+          }
+        }
+      }
+      invalidate_gathered();
+    }
+    zero_grad();
+    return {applied, norm, scaler_.scale()};
+  }
+
+  //! Clears the gradients (step() does this itself).
+  void zero_grad() {
+    fill_zero(grads_);
+    for (auto& g : bucket_grads_) g = buffer<half_type>();
+    for (auto& r : ready_) std::fill(r.begin(), r.end(), false);
+    std::fill(synced_.begin(), synced_.end(), false);
+  }
+
+ private:
+  using request_type = decltype(std::declval<Comm&>().all_reduce_async(std::declval<space_span<half_type, space>>(), reduce_op::sum));
+  struct pending {
+    std::size_t bucket;
+    request_type request;
+  };
+
+  template <class T>
+  static buffer<T> zeroed(std::size_t n, mem_category c) {
+    buffer<T> b(n, c);
+    fill_zero(b);
+    return b;
+  }
+
+  std::optional<std::size_t> shard_index(std::size_t full) const {
+    // Which bucket holds `full`, and is it in this rank's piece of it?
+    for (const auto& k : layout_.buckets()) {
+      if (full < k.begin || full >= k.begin + k.size) continue;
+      const std::size_t piece = k.size / static_cast<std::size_t>(layout_.ranks());
+      const std::size_t within = full - k.begin;
+      if (within / piece != static_cast<std::size_t>(rank_)) return std::nullopt;
+      return k.shard_begin + within % piece;
+    }
+    return std::nullopt;
+  }
+  float master_value(std::size_t full) const {
+    if constexpr (has_master) return master_[full];
+    else return static_cast<float>(working_[full]);
+  }
+  float shard_master_value(std::size_t local) const {
+    if constexpr (has_master) {
+      return master_[local];
+    } else if constexpr (Stage == 3) {
+      return static_cast<float>(working_[local]);
+    } else {
+      // fp32 without a master copy, stages 1-2: the shard lives inside the full working buffer.
+      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+        const auto& k = layout_.buckets()[b];
+        if (local >= k.shard_begin && local < k.shard_begin + layout_.piece_size(b))
+          return static_cast<float>(working_[layout_.piece_begin(b, rank_) + (local - k.shard_begin)]);
+      }
+      return 0.0f;
+    }
+  }
+
+  // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
+  std::span<float> master_or_working(std::size_t at, std::size_t n) {
+    if constexpr (has_master) return {master_.data() + at, n};
+    else return {working_.data() + at, n};
+  }
+  // Where the updated values are written in half precision (nothing when there is no master).
+  std::span<half_type> working_span(std::size_t at, std::size_t n) {
+    if constexpr (has_master) return {working_.data() + at, n};
+    else return {};
+  }
+  // This rank's piece of the reduced gradients of bucket b.
+  std::span<half_type> grad_piece(std::size_t b) {
+    const std::size_t piece = layout_.piece_size(b);
+    if constexpr (Stage < 2) return {grads_.data() + layout_.piece_begin(b, rank_), piece};
+    else return {grads_.data() + layout_.buckets()[b].shard_begin, piece};
+  }
+
+  void update(std::span<float> params, std::span<const half_type> grads, std::size_t state_at, std::size_t n, float multiplier,
+              std::span<half_type> working) {
+    std::array<std::span<float>, Opt::state_count> state;
+    for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = {states_[s].data() + state_at, n};
+    opt_.step(params, grads, state, step_count_, multiplier, working);
+  }
+
+  void launch_reduction(std::size_t b) {
+    if (!sync_) return;  // accumulate locally; the last micro-batch reduces
+    const auto& k = layout_.buckets()[b];
+    const reduce_op op = options_.average ? reduce_op::avg : reduce_op::sum;
+    if constexpr (Stage < 2) {
+      space_span<half_type, space> whole(grads_.data() + k.begin, k.size);
+      pending_reduce_.push_back({b, comm_->all_reduce_async(whole, op)});
+    } else {
+      // Reduce-scatter in place: this rank's chunk of the bucket buffer receives its piece.
+      auto& g = bucket_grads_[b];
+      if (g.size() == 0) g = zeroed<half_type>(k.size, mem_category::communication);  // a layer without gradients
+      const std::size_t piece = layout_.piece_size(b);
+      space_span<half_type, space> mine(g.data() + static_cast<std::size_t>(rank_) * piece, piece);
+      pending_reduce_.push_back({b, comm_->reduce_scatter_async(g, mine, op)});
+    }
+  }
+
+  void finish_reductions() {
+    for (auto& p : pending_reduce_) {
+      p.request.wait();
+      if constexpr (Stage >= 2) {
+        // Accumulate this rank's reduced piece into the gradient shard; the bucket buffer goes.
+        const std::size_t piece = layout_.piece_size(p.bucket);
+        auto& g = bucket_grads_[p.bucket];
+        half_type* shard = grads_.data() + layout_.buckets()[p.bucket].shard_begin;
+        detail::host_combine(dtype_of<half_type>, reduce_op::sum, shard, shard, g.data() + static_cast<std::size_t>(rank_) * piece, piece);
+        g = buffer<half_type>();
+      }
+    }
+    pending_reduce_.clear();
+  }
+
+  // ---- stage 3 gathering --------------------------------------------------------------------
+  bool persistent(std::size_t b) const { return layout_.buckets()[b].used < options_.persistence_threshold; }
+
+  void start_gather(std::size_t b) {
+    if constexpr (Stage == 3) {
+      if (gathered_[b].size() != 0 || pending_gather_[b]) return;
+      const auto& k = layout_.buckets()[b];
+      const std::size_t piece = layout_.piece_size(b);
+      gathered_[b] = buffer<half_type>(k.size, mem_category::communication);
+      half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
+      std::memcpy(static_cast<void*>(mine), working_.data() + k.shard_begin, piece * sizeof(half_type));
+      pending_gather_[b].emplace(comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]));
+    } else {
+      (void)b;
+    }
+  }
+  void gather(std::size_t b) {
+    start_gather(b);
+    if (pending_gather_[b]) {
+      pending_gather_[b]->wait();
+      pending_gather_[b].reset();
+    }
+  }
+  void prefetch_after(std::size_t b) {
+    const bool forward = !last_gathered_ || *last_gathered_ <= b;
+    last_gathered_ = b;
+    if (!options_.prefetch) return;
+    if (forward && b + 1 < layout_.buckets().size()) start_gather(b + 1);
+    if (!forward && b > 0) start_gather(b - 1);
+  }
+  void invalidate_gathered() {
+    if constexpr (Stage == 3) {
+      for (std::size_t b = 0; b < gathered_.size(); ++b) {
+        if (pending_gather_[b]) {
+          pending_gather_[b]->wait();
+          pending_gather_[b].reset();
+        }
+        gathered_[b] = buffer<half_type>();
+      }
+    }
+  }
+
+  Comm* comm_;
+  Opt opt_;
+  zero_options options_;
+  scaler_type scaler_;
+  flat_layout layout_;
+  int rank_;
+  std::int64_t step_count_ = 0;
+  bool sync_ = true;
+
+  buffer<half_type> working_;  // full (stages 0-2) or shard (stage 3)
+  buffer<float> master_;       // fp32 master weights: full (stage 0) or shard; empty without mixed precision
+  buffer<half_type> grads_;    // full (stages 0-1) or shard (stages 2-3)
+  std::array<buffer<float>, Opt::state_count> states_;  // full (stage 0) or shard
+
+  std::vector<std::vector<bool>> ready_;        // per bucket, per layer
+  std::vector<buffer<half_type>> bucket_grads_; // stages 2-3: per-bucket gradient buffers, while in use
+  std::vector<pending> pending_reduce_;
+  std::vector<buffer<half_type>> gathered_;     // stage 3: full buckets, while gathered
+  std::vector<std::optional<request_type>> pending_gather_;
+  std::vector<int> in_use_;
+  std::vector<bool> synced_;                    // reduced since the last step
+  std::optional<std::size_t> last_gathered_;
+};
+
+}  // namespace trident::zero

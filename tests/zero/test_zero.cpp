@@ -1,0 +1,264 @@
+// ZeRO stages 0-3 on thread ranks: equivalence with single-rank training, bitwise agreement
+// between stages, the ZeRO paper's memory per rank, loss scaling and skipped steps.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "trident/comm/local.hpp"
+#include "trident/zero/zero_optimizer.hpp"
+#include "zero/mlp.hpp"
+
+using trident::local_comm;
+using trident::local_world;
+namespace zero = trident::zero;
+namespace optim = trident::optim;
+
+namespace {
+
+constexpr std::size_t global_batch = 24;  // divisible by 1, 2, 3, 4 and 8
+
+zero::zero_options small_buckets() {
+  zero::zero_options o;
+  o.bucket_bytes = 700 * sizeof(float);  // several buckets for this model: l2 | l1 | l0
+  o.first_bucket_bytes = 150 * sizeof(float);
+  o.persistence_threshold = 0;           // stage 3 really gathers and releases
+  return o;
+}
+
+// Trains `steps` steps on n thread ranks; returns rank 0's full fp32 parameters.
+template <int Stage, class Opt, class Precision = zero::full_precision>
+std::vector<float> train(int n, Opt opt, int steps, zero::zero_options options = small_buckets()) {
+  const mlp::dims d;
+  auto result = local_world::run(n, [&](local_comm& comm) {
+    zero::zero_optimizer<Stage, Opt, local_comm, Precision> z(comm, mlp::spec(d), opt, options);
+    mlp::initialise(z, d);
+    const std::size_t rows = global_batch / static_cast<std::size_t>(n);
+    for (int s = 0; s < steps; ++s) {
+      const std::size_t first = static_cast<std::size_t>(s) * global_batch + static_cast<std::size_t>(comm.rank()) * rows;
+      mlp::train_step(z, d, first, rows, rows, z.loss_scale());
+      CHECK(z.step().applied);
+    }
+    return z.full_master();
+  });
+  return result[0];
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+optim::sgd sgd_momentum() {
+  optim::sgd o;
+  o.opt.lr = 0.05f;
+  o.opt.momentum = 0.9f;
+  o.opt.weight_decay = 1e-4f;
+  return o;
+}
+optim::adamw adamw() {
+  optim::adamw o;
+  o.opt.lr = 3e-3f;
+  return o;
+}
+
+template <class Opt>
+void check_equivalence(Opt opt, const char* name) {
+  // Single rank on the global batch is the reference; the layouts differ only in padding, so
+  // compare the real parameters by name.
+  const mlp::dims d;
+  const auto spec = mlp::spec(d);
+  auto by_name = [&](const std::vector<float>& full, int n) {
+    const zero::flat_layout layout(spec, n, small_buckets().bucket_bytes / sizeof(float), small_buckets().first_bucket_bytes / sizeof(float));
+    std::vector<float> out;
+    for (const auto& t : spec.tensors()) {
+      const auto& p = layout.find(t.name);
+      out.insert(out.end(), full.begin() + static_cast<std::ptrdiff_t>(p.offset), full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+    }
+    return out;
+  };
+  const auto serial = by_name(train<0>(1, opt, 20), 1);
+  for (int n : {1, 2, 3, 4, 8}) {
+    const auto s0 = train<0>(n, opt, 20);
+    const auto s1 = train<1>(n, opt, 20);
+    const auto s2 = train<2>(n, opt, 20);
+    const auto s3 = train<3>(n, opt, 20);
+    INFO(name, " on ", n, " ranks");
+    CHECK(relative_difference(by_name(s0, n), serial) <= 1e-5);
+    CHECK(s0 == s1);  // bit for bit
+    CHECK(s0 == s2);
+    CHECK(s0 == s3);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("zero: stages 0-3 on N ranks = one rank on the global batch; stages agree bitwise (SGD momentum)") {
+  check_equivalence(sgd_momentum(), "sgd");
+}
+
+TEST_CASE("zero: the same with AdamW") { check_equivalence(adamw(), "adamw"); }
+
+TEST_CASE("zero: the stage must be 0-3 (compile-time) and the model must make sense (run-time)") {
+  local_world::run(1, [](local_comm& comm) {
+    zero::model_spec empty;
+    CHECK_THROWS_AS((zero::zero_optimizer<1, optim::sgd, local_comm>(comm, empty, optim::sgd{})), trident::usage_error);
+    zero::model_spec spec = mlp::spec({});
+    zero::zero_optimizer<2, optim::sgd, local_comm> z(comm, spec, optim::sgd{});
+    CHECK_THROWS_WITH_AS(z.set_parameter("l0.bias", std::vector<float>(3)), doctest::Contains("expected 24"), trident::usage_error);
+    CHECK_THROWS_WITH_AS((void)z.gradients("nope"), doctest::Contains("no tensor named 'nope'"), trident::usage_error);
+    CHECK_THROWS_WITH_AS((void)z.step(), doctest::Contains("were not reduced"), trident::usage_error);
+    CHECK_THROWS_AS(z.set_gradient_sync(false), trident::usage_error);
+  });
+}
+
+// ZeRO paper, mixed-precision Adam: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N bytes per rank for
+// parameters + gradients + optimizer states, with Ψ the padded parameter count.
+template <int Stage>
+void check_memory(int n) {
+  const mlp::dims d{64, 128, 16};
+  local_world::run(n, [&](local_comm& comm) {
+    auto ledger = std::make_shared<trident::memory_ledger>("rank " + std::to_string(comm.rank()));
+    trident::scoped_ledger use{ledger};
+    zero::zero_options options;
+    options.bucket_bytes = 16 << 10;
+    options.first_bucket_bytes = 4 << 10;
+    options.persistence_threshold = 0;
+    zero::zero_optimizer<Stage, optim::adamw, local_comm, zero::mixed_precision<trident::bf16>> z(comm, mlp::spec(d), adamw(), options);
+    mlp::initialise(z, d);
+    const std::size_t rows = 16 / static_cast<std::size_t>(n);
+    mlp::train_step(z, d, static_cast<std::size_t>(comm.rank()) * rows, rows, rows);
+    z.step();
+    const double psi = static_cast<double>(z.layout().full_size());
+    const double nn = n;
+    const double expected[] = {16 * psi, 4 * psi + 12 * psi / nn, 2 * psi + 14 * psi / nn, 16 * psi / nn};
+    using trident::mem_category;
+    using trident::space_kind;
+    const auto held = static_cast<double>(ledger->bytes(space_kind::host, mem_category::parameters) +
+                                          ledger->bytes(space_kind::host, mem_category::gradients) +
+                                          ledger->bytes(space_kind::host, mem_category::optimizer_state));
+    INFO("stage ", Stage, " rank ", comm.rank(), "/", n, "\n", ledger->report());
+    CHECK(held == expected[Stage]);
+    if (comm.rank() == 0 && n == 4)
+      std::printf("stage %d, %d ranks, %zu parameters (+%zu padding): %.0f bytes held = %.3f x padded params (ZeRO: %.3f); "
+                  "peak communication buffers %zu bytes\n",
+                  Stage, n, z.layout().parameters(), z.layout().padding(), held, held / psi, expected[Stage] / psi,
+                  ledger->peak(space_kind::host, mem_category::communication));
+  });
+}
+
+TEST_CASE("zero: per-rank bytes match the ZeRO paper's formulas (mixed-precision AdamW)") {
+  for (int n : {1, 2, 4, 8}) {
+    check_memory<0>(n);
+    check_memory<1>(n);
+    check_memory<2>(n);
+    check_memory<3>(n);
+  }
+}
+
+TEST_CASE("zero: an inf gradient on one rank skips the step on every rank; the scale halves after hysteresis") {
+  const mlp::dims d;
+  local_world::run(3, [&](local_comm& comm) {
+    zero::zero_optimizer<2, optim::adamw, local_comm, zero::mixed_precision<trident::fp16>> z(comm, mlp::spec(d), adamw(), small_buckets());
+    mlp::initialise(z, d);
+    const auto before = z.full_master();
+    CHECK(z.loss_scale() == 65536.0f);
+    const std::size_t rows = 8;
+    const std::size_t first = static_cast<std::size_t>(comm.rank()) * rows;
+    mlp::train_step(z, d, first, rows, rows, z.loss_scale(), /*inject_inf=*/comm.rank() == 1);
+    auto r = z.step();
+    CHECK_FALSE(r.applied);
+    CHECK(z.full_master() == before);   // nothing moved, on any rank
+    CHECK(z.loss_scale() == 65536.0f);  // hysteresis 2: the first overflow only uses it up
+    mlp::train_step(z, d, first, rows, rows, z.loss_scale(), comm.rank() == 2);
+    r = z.step();
+    CHECK_FALSE(r.applied);
+    CHECK(z.loss_scale() == 32768.0f);
+    mlp::train_step(z, d, first, rows, rows, z.loss_scale());
+    CHECK(z.step().applied);
+    CHECK(z.full_master() != before);
+    CHECK(z.steps_taken() == 1);
+  });
+}
+
+TEST_CASE("zero: dynamic loss scaler follows DeepSpeed (window, hysteresis, minimum)") {
+  zero::dynamic_loss_scaler::options o;
+  o.window = 3;
+  zero::dynamic_loss_scaler s(o);
+  CHECK(s.scale() == 65536.0f);
+  CHECK(s.update(false));  // iteration 0: (0 - -1) % 3 != 0
+  CHECK(s.update(false));
+  CHECK(s.scale() == 65536.0f);
+  CHECK(s.update(false));
+  CHECK(s.scale() == 131072.0f);  // iteration 2: (2 - -1) % 3 == 0 -> grow
+  CHECK_FALSE(s.update(true));    // hysteresis 2 -> 1, scale kept
+  CHECK(s.scale() == 131072.0f);
+  CHECK_FALSE(s.update(true));    // now it shrinks
+  CHECK(s.scale() == 65536.0f);
+  for (int i = 0; i < 2; ++i) CHECK(s.update(false));
+  CHECK(s.scale() == 65536.0f);
+  CHECK(s.update(false));  // three clean steps since the last overflow
+  CHECK(s.scale() == 131072.0f);
+  zero::dynamic_loss_scaler::options tiny;
+  tiny.initial_scale = 2.0f;
+  tiny.hysteresis = 1;
+  zero::dynamic_loss_scaler m(tiny);
+  m.update(true);
+  m.update(true);
+  m.update(true);
+  CHECK(m.scale() == 1.0f);  // never below min_scale
+  CHECK_THROWS_AS(zero::dynamic_loss_scaler(zero::dynamic_loss_scaler::options{0.0f}), trident::usage_error);
+}
+
+TEST_CASE("zero: bf16 and fp16 training reach the fp32 loss within 2% after 200 steps") {
+  const mlp::dims d;
+  auto final_loss = [&](auto precision_tag) {
+    using P = decltype(precision_tag);
+    auto losses = local_world::run(2, [&](local_comm& comm) {
+      zero::zero_optimizer<2, optim::adamw, local_comm, P> z(comm, mlp::spec(d), adamw(), small_buckets());
+      mlp::initialise(z, d);
+      const std::size_t rows = 12;
+      for (int s = 0; s < 200; ++s) {
+        const std::size_t first = static_cast<std::size_t>(s % 10) * global_batch + static_cast<std::size_t>(comm.rank()) * rows;
+        mlp::train_step(z, d, first, rows, rows, z.loss_scale());
+        z.step();
+      }
+      // The loss over the whole training set (240 samples) with the final weights.
+      const double last = mlp::train_step(z, d, 0, 10 * global_batch, 10 * global_batch, z.loss_scale());
+      std::vector<double> l{last};
+      comm.all_reduce(l, trident::reduce_op::avg);
+      return l[0];
+    });
+    return losses[0];
+  };
+  const double fp32 = final_loss(zero::full_precision{});
+  const double bf16 = final_loss(zero::mixed_precision<trident::bf16>{});
+  const double fp16 = final_loss(zero::mixed_precision<trident::fp16>{});
+  std::printf("loss after 200 steps: fp32 %.6f, bf16 %.6f, fp16 %.6f\n", fp32, bf16, fp16);
+  CHECK(fp32 < 0.05);  // it learned something
+  CHECK(std::fabs(bf16 - fp32) <= 0.02 * fp32);
+  CHECK(std::fabs(fp16 - fp32) <= 0.02 * fp32);
+}
+
+TEST_CASE("zero: sharded<T> partitions with padding and round-trips through the collectives") {
+  for (int n = 1; n <= 5; ++n)
+    local_world::run(n, [&](local_comm& comm) {
+      zero::sharded<float> w(10, comm.rank(), comm.size(), trident::mem_category::parameters);
+      CHECK(w.padded_size() % static_cast<std::size_t>(n) == 0);
+      CHECK(w.padded_size() - w.size() < static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < w.shard_size(); ++i) w.shard()[i] = static_cast<float>(w.shard_begin() + i);
+      std::vector<float> full(w.padded_size());
+      w.all_gather(comm, full);
+      for (std::size_t i = 0; i < full.size(); ++i) CHECK(full[i] == static_cast<float>(i));
+      w.reduce_scatter(comm, full, trident::reduce_op::sum);
+      for (std::size_t i = 0; i < w.shard_size(); ++i) CHECK(w.shard()[i] == static_cast<float>(n) * static_cast<float>(w.shard_begin() + i));
+      std::vector<float> wrong(w.padded_size() + 1);
+      CHECK_THROWS_WITH_AS(w.all_gather(comm, wrong), doctest::Contains("expected the padded size"), trident::usage_error);
+    });
+}
