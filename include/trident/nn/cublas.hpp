@@ -1,0 +1,141 @@
+// trident/nn/cublas.hpp — cuBLAS for the CUDA reference layers: errors, a handle, a row-major GEMM.
+//
+// Synopsis (only with TRIDENT_HAS_CUDA: link trident::cuda, or compile with nvcc)
+//   class cublas_error;                    a cuBLAS call failed (status = cublasStatus_t)
+//   TRIDENT_CUBLAS_CHECK(call)             throws cublas_error naming the call when it fails
+//   class cublas_handle;                   RAII cublasHandle_t: move-only, FP32 math (no TF32)
+//     get(), operator cublasHandle_t()
+//   namespace trident::nn::cuda
+//     void gemm(cublasHandle_t, cudaStream_t, op op_a, op op_b, m, n, k, float alpha,
+//               const float* a, lda, const float* b, ldb, float beta, float* c, ldc)
+//         row-major C[m, n] = alpha op(A) op(B) + beta C on the stream: nn::gemm's contract
+//
+// Host code: this header needs the CUDA toolkit's headers and cuBLAS, not nvcc, so a plain C++
+// translation unit linking trident::cuda can use it; without CUDA it declares nothing (like
+// core/cuda_runtime.hpp). The kernels of the CUDA layers are in nn/layers.cuh (nvcc only).
+//
+// cuBLAS is column-major; a row-major matrix is its column-major transpose, so
+// C = op(A) op(B) (row-major) is computed as C^T = op(B)^T op(A)^T (column-major): the operands
+// swap places and keep their op flags. The handle's math mode is CUBLAS_DEFAULT_MATH, so SGEMM
+// runs in true FP32 (never TF32), and results are bitwise reproducible run to run on one GPU
+// model as long as a handle is used from one stream at a time (see cuBLAS "Results
+// reproducibility").
+#pragma once
+
+#include "trident/core/config.hpp"
+
+#if TRIDENT_HAS_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <limits>
+#include <source_location>
+#include <string_view>
+#include <utility>
+
+#include "trident/core/cuda_runtime.hpp"
+#include "trident/core/error.hpp"
+#include "trident/nn/gemm.hpp"
+
+namespace trident {
+
+//! A cuBLAS call failed; status() is the cublasStatus_t value.
+class cublas_error : public status_error {
+ public:
+  cublas_error(int status, std::string_view message, std::string_view operation = {},
+               std::source_location where = std::source_location::current())
+      : status_error("cuBLAS error", status, message, operation, where) {}
+};
+
+namespace detail {
+
+inline void cublas_check(cublasStatus_t status, const char* operation,
+                         std::source_location where = std::source_location::current()) {
+  if (status == CUBLAS_STATUS_SUCCESS) [[likely]]
+    return;
+  throw cublas_error(static_cast<int>(status), concat(cublasGetStatusName(status), ": ", cublasGetStatusString(status)),
+                     operation, where);
+}
+
+}  // namespace detail
+
+}  // namespace trident
+
+//! Wraps one cuBLAS call: `TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));`
+#define TRIDENT_CUBLAS_CHECK(...) ::trident::detail::cublas_check((__VA_ARGS__), #__VA_ARGS__)
+
+namespace trident::nn {
+
+//! An owned cuBLAS handle on the current device, in FP32 math mode; converts to cublasHandle_t.
+//!
+//!   trident::nn::cublas_handle blas;               // throws cublas_error without a usable GPU
+//!   trident::nn::cuda::gemm(blas, stream, op::n, op::t, m, n, k, 1, x, k, w, k, 0, y, n);
+class cublas_handle {
+ public:
+  cublas_handle() {
+    TRIDENT_CUBLAS_CHECK(cublasCreate(&handle_));
+    const cublasStatus_t status = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      (void)cublasDestroy(handle_);
+      TRIDENT_CUBLAS_CHECK(status);
+    }
+  }
+  cublas_handle(cublas_handle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  cublas_handle& operator=(cublas_handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  cublas_handle(const cublas_handle&) = delete;
+  cublas_handle& operator=(const cublas_handle&) = delete;
+  ~cublas_handle() { reset(); }
+
+  cublasHandle_t get() const noexcept { return handle_; }
+  operator cublasHandle_t() const noexcept { return handle_; }
+
+ private:
+  void reset() noexcept {
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);  // a destructor cannot throw
+    handle_ = nullptr;
+  }
+  cublasHandle_t handle_ = nullptr;
+};
+
+namespace cuda {
+
+//! Row-major C[m, n] = alpha op(A) op(B) + beta C with device pointers, enqueued on `stream`
+//! (the handle's stream is set to it). Same contract as trident::nn::gemm.
+inline void gemm(cublasHandle_t handle, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
+                 std::size_t k, float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                 float beta, float* c, std::size_t ldc) {
+  constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  TRIDENT_EXPECT(m <= limit && n <= limit && k <= limit && lda <= limit && ldb <= limit && ldc <= limit,
+                 "nn::cuda::gemm: sizes beyond int range (", m, " x ", n, " x ", k, ") for cublasSgemm");
+  if (m == 0 || n == 0) return;
+  TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  if (k == 0) {  // cuBLAS rejects k == 0 with a leading dimension of 0; C = beta C by hand
+    TRIDENT_EXPECT(beta == 0.0f || beta == 1.0f, "nn::cuda::gemm: k == 0 supports beta 0 or 1, got ", beta);
+    if (beta == 0.0f) {
+      if (ldc == n) {
+        TRIDENT_CUDA_CHECK(cudaMemsetAsync(c, 0, m * n * sizeof(float), stream));
+      } else {
+        TRIDENT_CUDA_CHECK(cudaMemset2DAsync(c, ldc * sizeof(float), 0, n * sizeof(float), m, stream));
+      }
+    }
+    return;
+  }
+  const auto to_blas = [](op o) { return o == op::n ? CUBLAS_OP_N : CUBLAS_OP_T; };
+  TRIDENT_CUBLAS_CHECK(cublasSgemm(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
+                                   static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),
+                                   &beta, c, static_cast<int>(ldc)));
+}
+
+}  // namespace cuda
+
+}  // namespace trident::nn
+
+#endif  // TRIDENT_HAS_CUDA

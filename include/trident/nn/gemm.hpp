@@ -1,0 +1,165 @@
+// trident/nn/gemm.hpp — the host float GEMM under the reference layers.
+//
+// Synopsis
+//   enum class op { n, t };          use a matrix as stored, or its transpose
+//   void gemm(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
+//             float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+//             float beta, float* c, std::size_t ldc)
+//       row-major C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C; beta == 0 never reads C
+//   TRIDENT_HAS_CBLAS                0 (default): trident's own kernel; 1: cblas_sgemm from <cblas.h>
+//
+// Why our own kernel: the nn/ headers are reference layers for tests and examples, and must
+// compile with nothing but a C++20 compiler (the per-header checks build them in the plain host
+// flavour). The kernel is GotoBLAS-shaped — blocks of kc x nc of B and mc x kc of A are packed
+// into contiguous, zero-padded micro-panels, and a register tile of mr x nr accumulators is
+// updated with fixed-length inner loops that compilers vectorise — so it runs at several GFLOP/s
+// for the small MLPs of the tests, without any intrinsics.
+//
+// Determinism: one thread, and every element of C is summed in one fixed order that depends only
+// on k (in order within each kc block, blocks added in order), never on machine or thread count.
+//
+// Opting in to a BLAS: define TRIDENT_HAS_CBLAS=1 and link a CBLAS (the test target
+// trident_test_blas does both with OpenBLAS). Results are then the BLAS's: OpenBLAS is run-to-run
+// reproducible for a fixed thread count (OPENBLAS_NUM_THREADS), but not bitwise across counts
+// or CPUs.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#if !defined(TRIDENT_HAS_CBLAS)
+#define TRIDENT_HAS_CBLAS 0
+#endif
+
+#if TRIDENT_HAS_CBLAS
+#include <cblas.h>
+
+#include <limits>
+
+#include "trident/core/error.hpp"
+#endif
+
+namespace trident::nn {
+
+//! How gemm reads an operand: as stored (`n`) or transposed (`t`), as BLAS's 'N' and 'T'.
+enum class op { n, t };
+
+namespace detail {
+
+// Register tile and cache blocks. mr x nr = 4 x 8 floats of accumulators fit the 16 SSE or AVX
+// registers with room for the B row and A broadcasts; a kc x nc panel of B (256 x 512 floats,
+// 512 KiB) stays in L2, an mc x kc panel of A (64 x 256, 64 KiB) in L1/L2.
+inline constexpr std::size_t gemm_mr = 4;
+inline constexpr std::size_t gemm_nr = 8;
+inline constexpr std::size_t gemm_mc = 64;
+inline constexpr std::size_t gemm_kc = 256;
+inline constexpr std::size_t gemm_nc = 512;
+
+// Packs op(A)[i0 : i0+mc, p0 : p0+kc] as micro-panels of mr rows: panel[p * mr + r].
+// Rows past m are zero, so the kernel never branches; those accumulators are never stored.
+inline void pack_a(const float* a, std::size_t row_stride, std::size_t col_stride, std::size_t rows,
+                   std::size_t depth, float* out) {
+  for (std::size_t i = 0; i < rows; i += gemm_mr) {
+    const std::size_t live = std::min(gemm_mr, rows - i);
+    for (std::size_t p = 0; p < depth; ++p) {
+      std::size_t r = 0;
+      for (; r < live; ++r) out[p * gemm_mr + r] = a[(i + r) * row_stride + p * col_stride];
+      for (; r < gemm_mr; ++r) out[p * gemm_mr + r] = 0.0f;
+    }
+    out += depth * gemm_mr;
+  }
+}
+
+// Packs op(B)[p0 : p0+kc, j0 : j0+nc] as micro-panels of nr columns: panel[p * nr + j].
+inline void pack_b(const float* b, std::size_t row_stride, std::size_t col_stride, std::size_t depth,
+                   std::size_t cols, float* out) {
+  for (std::size_t j = 0; j < cols; j += gemm_nr) {
+    const std::size_t live = std::min(gemm_nr, cols - j);
+    for (std::size_t p = 0; p < depth; ++p) {
+      std::size_t c = 0;
+      for (; c < live; ++c) out[p * gemm_nr + c] = b[p * row_stride + (j + c) * col_stride];
+      for (; c < gemm_nr; ++c) out[p * gemm_nr + c] = 0.0f;
+    }
+    out += depth * gemm_nr;
+  }
+}
+
+// acc = A-panel x B-panel over `depth`, then C = alpha * acc + beta * C for the live part
+// (`first` is whether this is the first kc block: only then does beta apply).
+inline void micro_kernel(std::size_t depth, const float* a, const float* b, float alpha, float beta, bool first,
+                         float* c, std::size_t ldc, std::size_t rows, std::size_t cols) {
+  float acc[gemm_mr][gemm_nr] = {};
+  for (std::size_t p = 0; p < depth; ++p) {
+    const float* bp = b + p * gemm_nr;
+    const float* ap = a + p * gemm_mr;
+    for (std::size_t r = 0; r < gemm_mr; ++r)
+      for (std::size_t j = 0; j < gemm_nr; ++j) acc[r][j] += ap[r] * bp[j];
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    if (!first)
+      for (std::size_t j = 0; j < cols; ++j) row[j] += alpha * acc[r][j];
+    else if (beta == 0.0f)
+      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * acc[r][j];
+    else
+      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * acc[r][j] + beta * row[j];
+  }
+}
+
+inline void gemm_blocked(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                         std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  // Element (i, p) of op(A) is a[i * a_row + p * a_col]; likewise for B.
+  const std::size_t a_row = op_a == op::n ? lda : 1, a_col = op_a == op::n ? 1 : lda;
+  const std::size_t b_row = op_b == op::n ? ldb : 1, b_col = op_b == op::n ? 1 : ldb;
+  // Per-thread workspace, kept between calls: tests call gemm thousands of times.
+  thread_local std::vector<float> a_pack, b_pack;
+  a_pack.resize(gemm_mc * gemm_kc);
+  b_pack.resize(gemm_kc * ((std::min(n, gemm_nc) + gemm_nr - 1) / gemm_nr * gemm_nr));
+
+  for (std::size_t j0 = 0; j0 < n; j0 += gemm_nc) {
+    const std::size_t nc = std::min(gemm_nc, n - j0);
+    for (std::size_t p0 = 0; p0 < k; p0 += gemm_kc) {
+      const std::size_t kc = std::min(gemm_kc, k - p0);
+      pack_b(b + p0 * b_row + j0 * b_col, b_row, b_col, kc, nc, b_pack.data());
+      for (std::size_t i0 = 0; i0 < m; i0 += gemm_mc) {
+        const std::size_t mc = std::min(gemm_mc, m - i0);
+        pack_a(a + i0 * a_row + p0 * a_col, a_row, a_col, mc, kc, a_pack.data());
+        for (std::size_t j = 0; j < nc; j += gemm_nr)
+          for (std::size_t i = 0; i < mc; i += gemm_mr)
+            micro_kernel(kc, a_pack.data() + i * kc, b_pack.data() + j * kc, alpha, beta, p0 == 0,
+                         c + (i0 + i) * ldc + j0 + j, ldc, std::min(gemm_mr, mc - i), std::min(gemm_nr, nc - j));
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+//! Row-major single-precision GEMM: C[m, n] = alpha * op(A) op(B) + beta * C, where op(A) is
+//! m x k and op(B) is k x n; lda, ldb, ldc are the row strides of A, B, C as stored. With
+//! beta == 0, C is only written (it may hold garbage or NaN), as in BLAS. Pointers are unchecked.
+//!
+//!   // y[batch, out] = x[batch, in] * W[out, in]^T
+//!   trident::nn::gemm(op::n, op::t, batch, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+inline void gemm(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                 std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {  // C = beta * C, without reading C when beta == 0
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+#if TRIDENT_HAS_CBLAS
+  constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  TRIDENT_EXPECT(m <= limit && n <= limit && k <= limit && lda <= limit && ldb <= limit && ldc <= limit,
+                 "gemm: sizes beyond int range (", m, " x ", n, " x ", k, ") for cblas_sgemm");
+  cblas_sgemm(CblasRowMajor, op_a == op::n ? CblasNoTrans : CblasTrans, op_b == op::n ? CblasNoTrans : CblasTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+#else
+  detail::gemm_blocked(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+}  // namespace trident::nn

@@ -1,0 +1,296 @@
+// trident/nn/layers.cuh — the reference layers on the GPU: linear (cuBLAS), activations, losses.
+// trident-requires: nvcc
+//
+// Synopsis (namespace trident::nn::cuda; device memory as device_span, work on `stream`)
+//   struct linear { in_features, out_features;
+//     void forward(cublasHandle_t, cudaStream_t, batch, x, W, b, y) const        y = x W^T + b
+//     void backward(cublasHandle_t, cudaStream_t, batch, x, W, dy, dx, dW, db) const
+//                                                   dx = dy W (empty: skipped), dW += dy^T x, db += sum dy }
+//   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu
+//   void activation_backward<Act>(x, dy, dx, stream)
+//   void mse_loss_forward(pred, target, device_span<float> loss, stream)          loss[0] = mean (pred - t)^2
+//   void mse_loss_backward(pred, target, dpred, float dloss, stream)
+//   void softmax_cross_entropy_forward(batch, classes, logits, targets, device_span<float> loss, stream)
+//   void softmax_cross_entropy_backward(batch, classes, logits, targets, dlogits, float dloss, stream)
+//
+// The same contracts, layouts, shape checks and accumulation semantics as the host layers
+// (nn/linear.hpp, nn/activation.hpp, nn/loss.hpp), whose element functions the kernels reuse.
+// Everything is asynchronous on `stream`; the loss forwards write their value into device memory
+// (one float) so a training step never synchronises. A target outside [0, classes) cannot be
+// thrown from a kernel: it makes that row's loss and gradients NaN.
+//
+// Deterministic: GEMMs are cuBLAS SGEMM in FP32 (see nn/cublas.hpp); bias gradients sum rows in
+// order, one thread per column; the loss reductions run in one block over a fixed tree, in
+// double. No atomics.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "trident/nn/layers.cuh is for CUDA translation units: compile this file with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "trident/core/buffer.hpp"
+#include "trident/core/cuda_runtime.hpp"
+#include "trident/core/error.hpp"
+#include "trident/nn/activation.hpp"
+#include "trident/nn/cublas.hpp"
+#include "trident/nn/gemm.hpp"
+#include "trident/nn/linear.hpp"
+#include "trident/nn/loss.hpp"
+
+namespace trident::nn::cuda {
+
+namespace detail {
+
+inline constexpr unsigned block_size = 256;
+
+inline unsigned grid_for(std::size_t n) {
+  const std::size_t blocks = (n + block_size - 1) / block_size;
+  return static_cast<unsigned>(blocks < 4096 ? blocks : 4096);
+}
+
+template <class = void>  // a template so that several translation units may include this header
+__global__ void add_bias_kernel(device_span<float> y, device_span<const float> b, std::size_t out) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < y.size();
+       i += std::size_t{gridDim.x} * blockDim.x)
+    y[i] = __fadd_rn(y[i], b[i % out]);
+}
+
+// db[o] += dy[0, o] + dy[1, o] + ... in row order: the host's order, so bitwise the host's.
+template <class = void>  // a template so that several translation units may include this header
+__global__ void bias_grad_kernel(device_span<const float> dy, device_span<float> db, std::size_t batch) {
+  const std::size_t out = db.size();
+  for (std::size_t o = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; o < out;
+       o += std::size_t{gridDim.x} * blockDim.x) {
+    float acc = db[o];
+    for (std::size_t r = 0; r < batch; ++r) acc = __fadd_rn(acc, dy[r * out + o]);
+    db[o] = acc;
+  }
+}
+
+template <class Act>
+__global__ void activation_forward_kernel(device_span<const float> x, device_span<float> y) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
+       i += std::size_t{gridDim.x} * blockDim.x)
+    y[i] = Act::value(x[i]);
+}
+
+template <class Act>
+__global__ void activation_backward_kernel(device_span<const float> x, device_span<const float> dy,
+                                           device_span<float> dx) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
+       i += std::size_t{gridDim.x} * blockDim.x)
+    dx[i] = Act::grad(x[i], dy[i]);
+}
+
+// A fixed pairwise tree over the block's shared values (blockDim.x == block_size, a power of 2):
+// the same bits every run. Every thread returns the total.
+template <class T, class Combine>
+__device__ T block_reduce(T value, T* shared, Combine combine) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (unsigned half = block_size / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] = combine(shared[threadIdx.x], shared[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const T total = shared[0];
+  __syncthreads();  // shared may be reused right away
+  return total;
+}
+
+struct max_op {
+  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
+};
+struct add_op {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+template <class = void>  // a template so that several translation units may include this header
+__global__ void mse_forward_kernel(device_span<const float> pred, device_span<const float> target,
+                                   device_span<float> loss) {
+  __shared__ double shared[block_size];
+  double sum = 0;
+  for (std::size_t i = threadIdx.x; i < pred.size(); i += block_size) {
+    const double e = static_cast<double>(pred[i]) - target[i];
+    sum += e * e;
+  }
+  sum = block_reduce(sum, shared, add_op{});
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(sum / static_cast<double>(pred.size()));
+}
+
+template <class = void>  // a template so that several translation units may include this header
+__global__ void mse_backward_kernel(device_span<const float> pred, device_span<const float> target,
+                                    device_span<float> dpred, float factor) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < pred.size();
+       i += std::size_t{gridDim.x} * blockDim.x)
+    dpred[i] = __fmul_rn(factor, __fsub_rn(pred[i], target[i]));  // no FMA: the host's rounding
+}
+
+struct row_stats {
+  float max;
+  double sum;
+};
+
+// The row's max and sum of exp(x - max), by the whole block.
+__device__ inline row_stats block_row_stats(const float* row, std::size_t classes, float* fshared,
+                                            double* dshared) {
+  float max = -INFINITY;
+  for (std::size_t c = threadIdx.x; c < classes; c += block_size) max = row[c] > max ? row[c] : max;
+  max = block_reduce(max, fshared, max_op{});
+  double sum = 0;
+  for (std::size_t c = threadIdx.x; c < classes; c += block_size) sum += exp(static_cast<double>(row[c]) - max);
+  sum = block_reduce(sum, dshared, add_op{});
+  return {max, sum};
+}
+
+__device__ inline bool valid_target(std::int32_t t, std::size_t classes) {
+  return t >= 0 && static_cast<std::size_t>(t) < classes;
+}
+
+// One block walks the rows in order: the mean is one fixed sum.
+template <class = void>  // a template so that several translation units may include this header
+__global__ void cross_entropy_forward_kernel(device_span<const float> logits, device_span<const std::int32_t> targets,
+                                             std::size_t classes, device_span<float> loss) {
+  __shared__ float fshared[block_size];
+  __shared__ double dshared[block_size];
+  double total = 0;
+  for (std::size_t r = 0; r < targets.size(); ++r) {
+    const float* row = logits.data() + r * classes;
+    const row_stats s = block_row_stats(row, classes, fshared, dshared);
+    const std::int32_t t = targets[r];
+    total += valid_target(t, classes) ? (static_cast<double>(s.max) + log(s.sum)) - row[t] : NAN;
+  }
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(total / static_cast<double>(targets.size()));
+}
+
+// One block per row.
+template <class = void>  // a template so that several translation units may include this header
+__global__ void cross_entropy_backward_kernel(device_span<const float> logits, device_span<const std::int32_t> targets,
+                                              std::size_t classes, device_span<float> dlogits, double scale) {
+  __shared__ float fshared[block_size];
+  __shared__ double dshared[block_size];
+  const std::size_t r = blockIdx.x;
+  const float* row = logits.data() + r * classes;
+  const row_stats s = block_row_stats(row, classes, fshared, dshared);
+  const std::int32_t t = targets[r];
+  const bool valid = valid_target(t, classes);
+  for (std::size_t c = threadIdx.x; c < classes; c += block_size) {
+    const double p = exp(static_cast<double>(row[c]) - s.max) / s.sum;
+    const double onehot = static_cast<std::int32_t>(c) == t ? 1.0 : 0.0;
+    dlogits.data()[r * classes + c] = valid ? static_cast<float>(scale * (p - onehot)) : NAN;
+  }
+}
+
+}  // namespace detail
+
+//! y = x W^T + b on the GPU (cuBLAS), PyTorch layouts; nn::linear's contract.
+//!
+//!   trident::nn::cublas_handle blas;
+//!   trident::nn::cuda::linear fc{.in_features = 784, .out_features = 128};
+//!   fc.forward(blas, stream, batch, x.device_handle(), w.device_handle(), b.device_handle(), y.device_handle());
+struct linear {
+  std::size_t in_features = 0;
+  std::size_t out_features = 0;
+
+  std::size_t weight_size() const noexcept { return in_features * out_features; }
+  std::size_t bias_size() const noexcept { return out_features; }
+
+  void forward(cublasHandle_t handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+               device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    const std::size_t in = in_features, out = out_features;
+    nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
+    gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, y.data(), out);
+    if (!b.empty() && !y.empty()) {
+      detail::add_bias_kernel<><<<detail::grid_for(y.size()), detail::block_size, 0, stream>>>(y, b, out);
+      TRIDENT_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+
+  //! dx = dy W (overwritten; skipped when empty), dW += dy^T x, db += column sums of dy
+  //! (accumulated; db empty: no bias).
+  void backward(cublasHandle_t handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+                device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    const std::size_t in = in_features, out = out_features;
+    nn::detail::check_linear_backward("cuda::linear::backward", batch, in, out, x.size(), w.size(), dy.size(),
+                                      dx.size(), dw.size(), db.size());
+    if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
+    gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
+    if (!db.empty()) {
+      detail::bias_grad_kernel<><<<detail::grid_for(out), detail::block_size, 0, stream>>>(dy, db, batch);
+      TRIDENT_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+};
+
+//! y = Act::value(x) element-wise on `stream` (Act: nn::relu, nn::gelu); y may alias x.
+template <class Act>
+void activation_forward(device_span<const float> x, device_span<float> y, cudaStream_t stream = 0) {
+  nn::detail::check_elementwise("cuda::activation_forward", x.size(), y.size());
+  if (x.empty()) return;
+  detail::activation_forward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! dx = Act::grad(x, dy) element-wise; x is the forward input; dx may alias dy.
+template <class Act>
+void activation_backward(device_span<const float> x, device_span<const float> dy, device_span<float> dx,
+                         cudaStream_t stream = 0) {
+  nn::detail::check_elementwise("cuda::activation_backward", x.size(), dy.size());
+  nn::detail::check_elementwise("cuda::activation_backward", x.size(), dx.size());
+  if (x.empty()) return;
+  detail::activation_backward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, dy, dx);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! loss[0] = mean((pred - target)^2), asynchronously (one block, double sums).
+inline void mse_loss_forward(device_span<const float> pred, device_span<const float> target, device_span<float> loss,
+                             cudaStream_t stream = 0) {
+  nn::detail::check_mse("cuda::mse_loss_forward", pred.size(), target.size());
+  TRIDENT_EXPECT(loss.size() == 1, "cuda::mse_loss_forward: loss has ", loss.size(), " elements, expected 1");
+  detail::mse_forward_kernel<><<<1, detail::block_size, 0, stream>>>(pred, target, loss);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! dpred = dloss * 2 (pred - target) / N, bitwise the host's.
+inline void mse_loss_backward(device_span<const float> pred, device_span<const float> target, device_span<float> dpred,
+                              float dloss = 1.0f, cudaStream_t stream = 0) {
+  nn::detail::check_mse("cuda::mse_loss_backward", pred.size(), target.size());
+  nn::detail::check_mse("cuda::mse_loss_backward", pred.size(), dpred.size());
+  const float factor = 2.0f * dloss / static_cast<float>(pred.size());
+  detail::mse_backward_kernel<><<<detail::grid_for(pred.size()), detail::block_size, 0, stream>>>(pred, target, dpred,
+                                                                                                  factor);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! loss[0] = mean over rows of logsumexp(row) - row[target], asynchronously.
+inline void softmax_cross_entropy_forward(std::size_t batch, std::size_t classes, device_span<const float> logits,
+                                          device_span<const std::int32_t> targets, device_span<float> loss,
+                                          cudaStream_t stream = 0) {
+  nn::detail::check_cross_entropy("cuda::softmax_cross_entropy_forward", batch, classes, logits.size(), targets.size());
+  TRIDENT_EXPECT(loss.size() == 1, "cuda::softmax_cross_entropy_forward: loss has ", loss.size(),
+                 " elements, expected 1");
+  detail::cross_entropy_forward_kernel<><<<1, detail::block_size, 0, stream>>>(logits, targets, classes, loss);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! dlogits = dloss * (softmax(row) - onehot(target)) / batch.
+inline void softmax_cross_entropy_backward(std::size_t batch, std::size_t classes, device_span<const float> logits,
+                                           device_span<const std::int32_t> targets, device_span<float> dlogits,
+                                           float dloss = 1.0f, cudaStream_t stream = 0) {
+  const char* who = "cuda::softmax_cross_entropy_backward";
+  nn::detail::check_cross_entropy(who, batch, classes, logits.size(), targets.size());
+  TRIDENT_EXPECT(dlogits.size() == logits.size(), who, ": dlogits have ", dlogits.size(), " elements, expected [batch=",
+                 batch, ", classes=", classes, "] = ", batch * classes);
+  TRIDENT_EXPECT(batch <= 0x7fffffffu, who, ": batch ", batch, " exceeds the grid's limit");
+  const double scale = static_cast<double>(dloss) / static_cast<double>(batch);
+  detail::cross_entropy_backward_kernel<><<<static_cast<unsigned>(batch), detail::block_size, 0, stream>>>(
+      logits, targets, classes, dlogits, scale);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace trident::nn::cuda

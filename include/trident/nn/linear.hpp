@@ -1,0 +1,101 @@
+// trident/nn/linear.hpp — the fully connected layer on the host, PyTorch's nn.Linear.
+//
+// Synopsis
+//   struct linear { std::size_t in_features, out_features;
+//     void forward(std::size_t batch, x, W, b, y) const          y[batch, out] = x W^T + b
+//     void backward(std::size_t batch, x, W, dy, dx, dW, db) const
+//                                                               dx = dy W          (overwritten; empty: skipped)
+//                                                               dW += dy^T x       (accumulated)
+//                                                               db += sum_rows dy  (accumulated; empty: no bias)
+//     std::size_t weight_size() const, bias_size() const }
+//
+// Layouts are PyTorch's, row-major: x [batch, in], W [out, in], b [out], y [batch, out]. Memory
+// is passed as spans (the layer owns no parameters: a ZeRO optimizer or a test owns them), and
+// every size is checked against the shape (usage_error naming the expected shape).
+//
+// Gradient accumulation: dW and db are ADDED to, like autograd's `.grad` across the backward
+// passes of several micro-batches — zero them once per optimizer step, not per micro-batch. dx
+// is overwritten, as it is a fresh activation gradient.
+//
+// A layer without bias: pass an empty b to forward and an empty db to backward.
+// Deterministic: single-threaded, fixed summation orders (see gemm.hpp).
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "trident/core/error.hpp"
+#include "trident/nn/gemm.hpp"
+
+namespace trident::nn {
+
+namespace detail {
+
+// Size checks shared by the host layer and the CUDA one (nn/layers.cuh).
+inline void check_linear_forward(const char* who, std::size_t batch, std::size_t in, std::size_t out,
+                                 std::size_t x, std::size_t w, std::size_t b, std::size_t y) {
+  TRIDENT_EXPECT(x == batch * in, who, ": x has ", x, " elements, expected [batch=", batch, ", in=", in, "] = ",
+                 batch * in);
+  TRIDENT_EXPECT(w == out * in, who, ": W has ", w, " elements, expected [out=", out, ", in=", in, "] = ", out * in);
+  TRIDENT_EXPECT(b == out || b == 0, who, ": b has ", b, " elements, expected [out=", out, "] (or none: no bias)");
+  TRIDENT_EXPECT(y == batch * out, who, ": y has ", y, " elements, expected [batch=", batch, ", out=", out, "] = ",
+                 batch * out);
+}
+
+inline void check_linear_backward(const char* who, std::size_t batch, std::size_t in, std::size_t out,
+                                  std::size_t x, std::size_t w, std::size_t dy, std::size_t dx, std::size_t dw,
+                                  std::size_t db) {
+  TRIDENT_EXPECT(x == batch * in, who, ": x has ", x, " elements, expected [batch=", batch, ", in=", in, "] = ",
+                 batch * in);
+  TRIDENT_EXPECT(w == out * in, who, ": W has ", w, " elements, expected [out=", out, ", in=", in, "] = ", out * in);
+  TRIDENT_EXPECT(dy == batch * out, who, ": dy has ", dy, " elements, expected [batch=", batch, ", out=", out,
+                 "] = ", batch * out);
+  TRIDENT_EXPECT(dx == batch * in || dx == 0, who, ": dx has ", dx, " elements, expected [batch=", batch,
+                 ", in=", in, "] = ", batch * in, " (or none: not needed)");
+  TRIDENT_EXPECT(dw == out * in, who, ": dW has ", dw, " elements, expected [out=", out, ", in=", in, "] = ",
+                 out * in);
+  TRIDENT_EXPECT(db == out || db == 0, who, ": db has ", db, " elements, expected [out=", out,
+                 "] (or none: no bias)");
+}
+
+}  // namespace detail
+
+//! y = x W^T + b over a batch, with PyTorch's layouts; the layer is only its shape.
+//!
+//!   trident::nn::linear fc{.in_features = 784, .out_features = 128};
+//!   fc.forward(batch, x, w, b, y);                       // y: batch x 128
+//!   fc.backward(batch, x, w, dy, dx, dw, db);            // dw, db accumulate (+=); dx overwritten
+struct linear {
+  std::size_t in_features = 0;
+  std::size_t out_features = 0;
+
+  std::size_t weight_size() const noexcept { return in_features * out_features; }
+  std::size_t bias_size() const noexcept { return out_features; }
+
+  //! y[batch, out] = x[batch, in] W[out, in]^T + b[out]; an empty b means no bias.
+  void forward(std::size_t batch, std::span<const float> x, std::span<const float> w, std::span<const float> b,
+               std::span<float> y) const {
+    const std::size_t in = in_features, out = out_features;
+    detail::check_linear_forward("linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
+    gemm(op::n, op::t, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, y.data(), out);
+    if (!b.empty())
+      for (std::size_t r = 0; r < batch; ++r)
+        for (std::size_t o = 0; o < out; ++o) y[r * out + o] += b[o];
+  }
+
+  //! Given dy = dL/dy: dx = dy W (overwritten; skipped when dx is empty), dW += dy^T x and
+  //! db += the column sums of dy (accumulated; db empty: no bias). x and W are forward's inputs.
+  void backward(std::size_t batch, std::span<const float> x, std::span<const float> w, std::span<const float> dy,
+                std::span<float> dx, std::span<float> dw, std::span<float> db) const {
+    const std::size_t in = in_features, out = out_features;
+    detail::check_linear_backward("linear::backward", batch, in, out, x.size(), w.size(), dy.size(), dx.size(),
+                                  dw.size(), db.size());
+    if (!dx.empty()) gemm(op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
+    gemm(op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
+    if (!db.empty())
+      for (std::size_t r = 0; r < batch; ++r)  // rows in order: a fixed sum, vectorised over o
+        for (std::size_t o = 0; o < out; ++o) db[o] += dy[r * out + o];
+  }
+};
+
+}  // namespace trident::nn
