@@ -1,5 +1,5 @@
 #pragma once
-// A small MLP (in -> h -> h -> out, ReLU, mean-squared error) written against a zero_optimizer:
+// A small MLP shared by the examples and the ZeRO tests (in -> h -> h -> out, ReLU, mean-squared error) written against a zero_optimizer:
 // forward reads zero.parameters(), backward accumulates into zero.gradients() and marks each
 // layer ready in reverse order, as a trainer would. Plain loops, fixed summation order.
 #include <cmath>

@@ -9,7 +9,7 @@
 
 #include "trident/comm/local.hpp"
 #include "trident/zero/zero_optimizer.hpp"
-#include "zero/mlp.hpp"
+#include "mlp.hpp"
 
 using trident::local_comm;
 using trident::local_world;

@@ -11,7 +11,7 @@
 #include "trident/comm/local.hpp"
 #include "trident/comm/mpi.hpp"
 #include "trident/zero/zero_optimizer.hpp"
-#include "zero/mlp.hpp"
+#include "mlp.hpp"
 
 namespace zero = trident::zero;
 namespace optim = trident::optim;

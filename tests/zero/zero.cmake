@@ -1,6 +1,9 @@
-# ZeRO and mixed precision on thread ranks (MPI and NCCL: see the issue notes).
+# ZeRO and mixed precision on thread ranks and over MPI. The MLP they train lives with the
+# examples (examples/common/mlp.hpp), so tests and examples train the same model.
 find_package(Threads REQUIRED)
 trident_add_test(zero.local SOURCES zero/test_zero.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
+target_include_directories(test_zero_local PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
 if(TARGET trident::mpi)
   trident_add_test(zero.mpi SOURCES zero/test_zero_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4 LABELS zero mpi)
+  target_include_directories(test_zero_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
 endif()
