@@ -20,6 +20,7 @@
 
 #include "comm/collective_suite.hpp"
 #include "comm/grid_suite.hpp"
+#include "support/mpi_main.hpp"
 #include "trident/comm/mpi.hpp"
 
 using trident::dtype;
@@ -28,11 +29,9 @@ using trident::reduce_op;
 
 namespace {
 
-trident::mpi_comm* world_comm = nullptr;
-
 //! The communicator every test uses: a duplicate of MPI_COMM_WORLD made in main(), argument
 //! checks off whatever the environment says.
-trident::mpi_comm& world() { return *world_comm; }
+trident::mpi_comm& world() { return test_support::mpi_world(); }
 
 constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::max, reduce_op::min, reduce_op::prod};
 constexpr std::size_t sizes[] = {0, 1, 7};  // 7: no multiple of the 4 ranks
@@ -735,22 +734,4 @@ TEST_CASE("mpi suite: mismatched calls are detected on every rank (check_argumen
   world().check_arguments(false);
 }
 
-int main(int argc, char** argv) {
-  int any_failed = 1;
-  try {
-    trident::mpi_environment environment(argc, argv);
-    {
-      trident::mpi_comm world(MPI_COMM_WORLD, false);
-      world_comm = &world;
-      doctest::Context context(argc, argv);
-      const int failed = context.run();
-      world_comm = nullptr;
-      // Every rank reports the job's verdict, so that one failing rank fails the test.
-      MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "test_mpi: %s\n", e.what());
-    return 1;
-  }
-  return any_failed != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/random.hpp"
 #include "trident/core/error.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/gemm.hpp"
@@ -28,13 +29,7 @@ using nn::op;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test_support::random_vector;
 
 // |got - want| <= atol + rtol |want|, reporting the worst element.
 void check_close(std::span<const float> got, std::span<const double> want, double atol, double rtol,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/random.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/cublas.hpp"
@@ -24,13 +25,7 @@ using trident::cuda_space;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test_support::random_vector;
 
 template <class T>
 buffer<T, cuda_space> to_device(const std::vector<T>& v) {

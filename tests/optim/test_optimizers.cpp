@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/random.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
 #include "trident/optim/optimizers.hpp"
@@ -26,13 +27,7 @@ using trident::fp16;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test_support::random_vector;
 
 // ---- double-precision references (PyTorch's formulas) -------------------------------------------
 

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "support/random.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/half.hpp"
 #include "trident/cuda/optim.cuh"
@@ -27,13 +28,7 @@ using trident::fp16;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test_support::random_vector;
 
 std::int64_t ulp_distance(float a, float b) {
   auto key = [](float x) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "support/mpi_main.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/mpi.hpp"
 #include "trident/zero/zero_optimizer.hpp"
@@ -18,7 +19,6 @@ namespace optim = trident::optim;
 
 namespace {
 
-trident::mpi_comm* world_comm = nullptr;
 constexpr std::size_t global_batch = 24;
 
 zero::zero_options small_buckets() {
@@ -62,7 +62,7 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
 template <class Opt>
 void check(Opt opt, const char* name) {
   const auto serial = trident::local_world::run(1, [&](trident::local_comm& c) { return by_name<0>(c, opt, 20); })[0];
-  auto& comm = *world_comm;
+  auto& comm = test_support::mpi_world();
   const auto s0 = by_name<0>(comm, opt, 20);
   const auto s1 = by_name<1>(comm, opt, 20);
   const auto s2 = by_name<2>(comm, opt, 20);
@@ -86,21 +86,4 @@ TEST_CASE("zero over MPI: stages 0-3 = one rank on the global batch (SGD momentu
   check(adamw, "adamw");
 }
 
-int main(int argc, char** argv) {
-  int any_failed = 1;
-  try {
-    trident::mpi_environment environment(argc, argv);
-    {
-      trident::mpi_comm world(MPI_COMM_WORLD, false);
-      world_comm = &world;
-      doctest::Context context(argc, argv);
-      const int failed = context.run();
-      world_comm = nullptr;
-      MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "test_zero_mpi: %s\n", e.what());
-    return 1;
-  }
-  return any_failed != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }

@@ -521,6 +521,9 @@ class local_comm : public collectives<local_comm, host_space> {
   }
 
   // ---- the asynchronous worker ------------------------------------------------------------
+  template <class Work>
+  request start_work(Work work);
+
   struct worker_state {
     std::mutex mutex;
     std::condition_variable cv;
@@ -622,15 +625,16 @@ class local_comm::request {
   std::shared_ptr<state> state_;
 };
 
-inline local_comm::request local_comm::start(const collective_call& call) {
+template <class Work>
+local_comm::request local_comm::start_work(Work work) {
   request r;
   r.state_ = std::make_shared<request::state>();
-  enqueue([this, call, s = r.state_] {
+  enqueue([work = std::move(work), s = r.state_] {
     std::exception_ptr failure;
     try {
-      run_collective(call);
+      work();
     } catch (...) {
-      failure = std::current_exception();
+      failure = std::current_exception();  // delivered by request::wait()
     }
     std::lock_guard lock(s->mutex);
     s->failure = failure;
@@ -640,22 +644,12 @@ inline local_comm::request local_comm::start(const collective_call& call) {
   return r;
 }
 
+inline local_comm::request local_comm::start(const collective_call& call) {
+  return start_work([this, call] { run_collective(call); });
+}
+
 inline local_comm::request local_comm::start(std::span<const p2p_op<host_space>> ops) {
-  request r;
-  r.state_ = std::make_shared<request::state>();
-  enqueue([this, copy = std::vector<p2p_op<host_space>>(ops.begin(), ops.end()), s = r.state_] {
-    std::exception_ptr failure;
-    try {
-      run_p2p(copy);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    std::lock_guard lock(s->mutex);
-    s->failure = failure;
-    s->done = true;
-    s->cv.notify_all();
-  });
-  return r;
+  return start_work([this, copy = std::vector<p2p_op<host_space>>(ops.begin(), ops.end())] { run_p2p(copy); });
 }
 
 //! Runs fn(local_comm&) on n threads, one rank each, and waits for all of them. If fn returns
