@@ -7,3 +7,10 @@ if(TARGET trident::mpi)
   trident_add_test(zero.mpi SOURCES zero/test_zero_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4 LABELS zero mpi)
   target_include_directories(test_zero_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
 endif()
+if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi)
+  # Several ranks share GPU 0 (NCCL_HOSTID per rank); its own main skips (77) without a device.
+  trident_add_test(zero.nccl SOURCES zero/test_zero_nccl.cu LIBRARIES trident::nccl trident::mpi Threads::Threads
+                   MPI_RANKS 2 LABELS zero nccl gpu mpi TIMEOUT 600)
+  target_include_directories(test_zero_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+  set_property(TEST zero.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+endif()

@@ -51,6 +51,33 @@
 
 namespace trident::zero {
 
+//! Where the element-wise work of a step runs: the gradient statistics, the optimizer update and
+//! the accumulation of reduced gradient pieces. Specialised per memory space; the host engine is
+//! below, the CUDA one in trident/cuda/zero_engine.cuh (include it to use cuda_space
+//! communicators such as nccl_comm). Work is ordered on the communicator's stream, if it has one.
+template <memory_space Space>
+struct engine;
+
+template <>
+struct engine<host_space> {
+  template <class Comm, class H>
+  static optim::grad_stats stats(Comm&, const H* grads, std::size_t n, float multiplier) {
+    return optim::gradient_stats(std::span<const H>(grads, n), multiplier);
+  }
+  template <class Comm, class Opt, class H, std::size_t S>
+  static void step(Comm&, const Opt& opt, float* params, const H* grads, const std::array<float*, S>& states, std::size_t n,
+                   std::int64_t t, float multiplier, H* working) {
+    std::array<std::span<float>, S> state;
+    for (std::size_t s = 0; s < S; ++s) state[s] = {states[s], n};
+    opt.step(std::span<float>(params, n), std::span<const H>(grads, n), state, t, multiplier,
+             working ? std::span<H>(working, n) : std::span<H>());
+  }
+  template <class Comm, class H>
+  static void accumulate(Comm&, H* dst, const H* src, std::size_t n) {
+    detail::host_combine(dtype_of<H>, reduce_op::sum, dst, dst, src, n);
+  }
+};
+
 struct zero_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;      // gradient bucket cap (PyTorch DDP's default)
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, so the first reduction starts early
@@ -70,9 +97,9 @@ struct step_result {
 template <int Stage, class Opt, communicator Comm, class Precision = full_precision>
 class zero_optimizer {
   static_assert(Stage >= 0 && Stage <= 3, "zero_optimizer<Stage, ...>: Stage must be 0, 1, 2 or 3 (the ZeRO stages)");
-  static_assert(Comm::space::host_accessible,
-                "zero_optimizer: this version runs on host communicators (local_comm, mpi_comm); the CUDA/NCCL path "
-                "is not written yet");
+  static_assert(requires { sizeof(engine<typename Comm::space>); },
+                "zero_optimizer: no engine for this communicator's memory space; for cuda_space (nccl_comm) include "
+                "<trident/cuda/zero_engine.cuh> (compiled by nvcc)");
 
  public:
   using space = typename Comm::space;
@@ -128,16 +155,18 @@ class zero_optimizer {
   void set_parameter(const std::string& name, std::span<const float> values) {
     const auto& p = layout_.find(name);
     TRIDENT_EXPECT(values.size() == p.numel, "set_parameter(", name, "): got ", values.size(), " values; expected ", p.numel);
-    for (std::size_t j = 0; j < p.numel; ++j) {
-      const std::size_t full = p.offset + j;
-      if constexpr (Stage < 3) working_[full] = static_cast<half_type>(values[j]);
-      const auto local = shard_index(full);
-      if constexpr (Stage == 3)
-        if (local) working_[*local] = static_cast<half_type>(values[j]);
-      if constexpr (has_master) {
-        if constexpr (Stage == 0) master_[full] = values[j];
-        else if (local) master_[*local] = values[j];
-      }
+    std::vector<half_type> halves(p.numel);
+    for (std::size_t j = 0; j < p.numel; ++j) halves[j] = static_cast<half_type>(values[j]);
+    if constexpr (Stage < 3) upload(working_, p.offset, halves.data(), p.numel);
+    if constexpr (has_master && Stage == 0) upload(master_, p.offset, values.data(), p.numel);
+    // The part of the tensor in this rank's piece of its bucket (a tensor never spans buckets).
+    const std::size_t piece = layout_.piece_size(p.bucket);
+    const std::size_t begin = layout_.piece_begin(p.bucket, rank_);
+    const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, begin + piece);
+    if (lo < hi) {
+      const std::size_t local = layout_.buckets()[p.bucket].shard_begin + (lo - begin);
+      if constexpr (Stage == 3) upload(working_, local, halves.data() + (lo - p.offset), hi - lo);
+      if constexpr (has_master && Stage >= 1) upload(master_, local, values.data() + (lo - p.offset), hi - lo);
     }
     invalidate_gathered();
   }
@@ -153,21 +182,23 @@ class zero_optimizer {
 
   //! All parameters in fp32, in layout order (padding included): collective.
   std::vector<float> full_master() {
-    std::vector<float> full(layout_.full_size());
     if constexpr (Stage == 0) {
-      for (std::size_t i = 0; i < full.size(); ++i) full[i] = master_value(i);
+      comm_->synchronize();
+      return to_vector(master_or_working_buffer());
     } else {
-      std::vector<float> mine(layout_.shard_size());
+      std::vector<float> full(layout_.full_size());
       for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
         const auto& k = layout_.buckets()[b];
         const std::size_t piece = layout_.piece_size(b);
-        for (std::size_t j = 0; j < piece; ++j) mine[k.shard_begin + j] = shard_master_value(k.shard_begin + j);
-        std::vector<float> gathered(k.size);
-        comm_->all_gather(std::span<const float>(mine).subspan(k.shard_begin, piece), gathered);
-        std::copy(gathered.begin(), gathered.end(), full.begin() + static_cast<std::ptrdiff_t>(k.begin));
+        const std::size_t at = has_master || Stage == 3 ? k.shard_begin : layout_.piece_begin(b, rank_);
+        buffer<float, space> whole(k.size, mem_category::other);
+        comm_->all_gather(space_span<const float, space>(master_or_working_buffer().data() + at, piece), whole);
+        comm_->synchronize();
+        const auto host = to_vector(whole);
+        std::copy(host.begin(), host.end(), full.begin() + static_cast<std::ptrdiff_t>(k.begin));
       }
+      return full;
     }
-    return full;
   }
 
   //! The working weights of a tensor for forward and backward. Stage 3 gathers its bucket first
@@ -190,7 +221,7 @@ class zero_optimizer {
     if constexpr (Stage == 3) {
       const std::size_t b = layout_.bucket_of_layer(layer);
       if (in_use_[b] > 0) in_use_[b] = 0;
-      if (!persistent(b)) gathered_[b] = buffer<half_type>();
+      if (!persistent(b)) gathered_[b] = buffer<half_type, space>();
     } else {
       (void)layout_.bucket_of_layer(layer);
     }
@@ -258,16 +289,13 @@ class zero_optimizer {
     double sum_squares = 0;
     bool finite = true;
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-      const auto s = optim::gradient_stats(std::span<const half_type>(grad_piece(b)), unscale);
-      sum_squares += s.sum_squares;
-      finite = finite && s.finite;
+      const auto st = engine<space>::stats(*comm_, grad_piece(b), layout_.piece_size(b), unscale);
+      sum_squares += st.sum_squares;
+      finite = finite && st.finite;
     }
-    std::array<double, 1> norm_sq{sum_squares};
-    std::array<std::int32_t, 1> bad{finite ? 0 : 1};
-    comm_->all_reduce(norm_sq, reduce_op::sum);
-    comm_->all_reduce(bad, reduce_op::max);
-    const bool overflow = bad[0] != 0;
-    const double norm = std::sqrt(norm_sq[0]);
+    const double norm_squared = reduce_scalar(sum_squares, reduce_op::sum);
+    const bool overflow = reduce_scalar(std::int32_t{finite ? 0 : 1}, reduce_op::max) != 0;
+    const double norm = std::sqrt(norm_squared);
     const bool applied = scaler_.update(overflow);
 
     if (applied) {
@@ -275,15 +303,13 @@ class zero_optimizer {
       float multiplier = unscale;
       if (options_.max_grad_norm > 0) multiplier *= optim::clip_multiplier(norm, options_.max_grad_norm);
       if constexpr (Stage == 0) {
-        update(std::span<float>(master_or_working(0, layout_.full_size())), std::span<const half_type>(grads_.data(), grads_.size()),
-               0, layout_.full_size(), multiplier, working_span(0, layout_.full_size()));
+        update(0, grads_.data(), 0, layout_.full_size(), multiplier, 0);
       } else {
         for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
           const auto& k = layout_.buckets()[b];
-          const std::size_t piece = layout_.piece_size(b);
           const std::size_t working_at = Stage < 3 ? layout_.piece_begin(b, rank_) : k.shard_begin;
-          update(master_or_working(has_master ? k.shard_begin : working_at, piece), std::span<const half_type>(grad_piece(b)),
-                 k.shard_begin, piece, multiplier, working_span(working_at, piece));
+          update(has_master ? k.shard_begin : working_at, grad_piece(b), k.shard_begin, layout_.piece_size(b), multiplier,
+                 working_at);
         }
         if constexpr (Stage < 3) {
           // Everyone's new parameters, bucket by bucket, in place.
@@ -304,7 +330,7 @@ class zero_optimizer {
   //! Clears the gradients (step() does this itself).
   void zero_grad() {
     fill_zero(grads_);
-    for (auto& g : bucket_grads_) g = buffer<half_type>();
+    for (auto& g : bucket_grads_) g = buffer<half_type, space>();
     for (auto& r : ready_) std::fill(r.begin(), r.end(), false);
     std::fill(synced_.begin(), synced_.end(), false);
   }
@@ -317,65 +343,48 @@ class zero_optimizer {
   };
 
   template <class T>
-  static buffer<T> zeroed(std::size_t n, mem_category c) {
-    buffer<T> b(n, c);
+  static buffer<T, space> zeroed(std::size_t n, mem_category c) {
+    buffer<T, space> b(n, c);
     fill_zero(b);
     return b;
   }
 
-  std::optional<std::size_t> shard_index(std::size_t full) const {
-    // Which bucket holds `full`, and is it in this rank's piece of it?
-    for (const auto& k : layout_.buckets()) {
-      if (full < k.begin || full >= k.begin + k.size) continue;
-      const std::size_t piece = k.size / static_cast<std::size_t>(layout_.ranks());
-      const std::size_t within = full - k.begin;
-      if (within / piece != static_cast<std::size_t>(rank_)) return std::nullopt;
-      return k.shard_begin + within % piece;
-    }
-    return std::nullopt;
+  template <class T>
+  static void upload(buffer<T, space>& dst, std::size_t at, const T* host, std::size_t n) {
+    detail::copy_bytes(dst.data() + at, space::host_accessible, host, true, n * sizeof(T));
   }
-  float master_value(std::size_t full) const {
-    if constexpr (has_master) return master_[full];
-    else return static_cast<float>(working_[full]);
-  }
-  float shard_master_value(std::size_t local) const {
-    if constexpr (has_master) {
-      return master_[local];
-    } else if constexpr (Stage == 3) {
-      return static_cast<float>(working_[local]);
-    } else {
-      // fp32 without a master copy, stages 1-2: the shard lives inside the full working buffer.
-      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-        const auto& k = layout_.buckets()[b];
-        if (local >= k.shard_begin && local < k.shard_begin + layout_.piece_size(b))
-          return static_cast<float>(working_[layout_.piece_begin(b, rank_) + (local - k.shard_begin)]);
-      }
-      return 0.0f;
-    }
+
+  // A value reduced over the group, through the communicator's memory space.
+  template <class T>
+  T reduce_scalar(T value, reduce_op op) {
+    buffer<T, space> b(1, mem_category::communication);
+    upload(b, 0, &value, 1);
+    comm_->all_reduce(b, op);
+    comm_->synchronize();
+    return to_vector(b)[0];
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
-  std::span<float> master_or_working(std::size_t at, std::size_t n) {
-    if constexpr (has_master) return {master_.data() + at, n};
-    else return {working_.data() + at, n};
-  }
-  // Where the updated values are written in half precision (nothing when there is no master).
-  std::span<half_type> working_span(std::size_t at, std::size_t n) {
-    if constexpr (has_master) return {working_.data() + at, n};
-    else return {};
+  buffer<float, space>& master_or_working_buffer() {
+    if constexpr (has_master) return master_;
+    else return working_;
   }
   // This rank's piece of the reduced gradients of bucket b.
-  std::span<half_type> grad_piece(std::size_t b) {
-    const std::size_t piece = layout_.piece_size(b);
-    if constexpr (Stage < 2) return {grads_.data() + layout_.piece_begin(b, rank_), piece};
-    else return {grads_.data() + layout_.buckets()[b].shard_begin, piece};
+  half_type* grad_piece(std::size_t b) {
+    if constexpr (Stage < 2) return grads_.data() + layout_.piece_begin(b, rank_);
+    else return grads_.data() + layout_.buckets()[b].shard_begin;
   }
 
-  void update(std::span<float> params, std::span<const half_type> grads, std::size_t state_at, std::size_t n, float multiplier,
-              std::span<half_type> working) {
-    std::array<std::span<float>, Opt::state_count> state;
-    for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = {states_[s].data() + state_at, n};
-    opt_.step(params, grads, state, step_count_, multiplier, working);
+  // One optimizer update of n elements: parameters at `param_at` of the master (or working)
+  // buffer, states at `state_at`, the half copy written at `working_at` when there is a master.
+  void update(std::size_t param_at, const half_type* grads, std::size_t state_at, std::size_t n, float multiplier,
+              std::size_t working_at) {
+    std::array<float*, Opt::state_count> state;
+    for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = states_[s].data() + state_at;
+    half_type* working = nullptr;
+    if constexpr (has_master) working = working_.data() + working_at;
+    engine<space>::step(*comm_, opt_, master_or_working_buffer().data() + param_at, grads, state, n, step_count_, multiplier,
+                        working);
   }
 
   void launch_reduction(std::size_t b) {
@@ -403,8 +412,9 @@ class zero_optimizer {
         const std::size_t piece = layout_.piece_size(p.bucket);
         auto& g = bucket_grads_[p.bucket];
         half_type* shard = grads_.data() + layout_.buckets()[p.bucket].shard_begin;
-        detail::host_combine(dtype_of<half_type>, reduce_op::sum, shard, shard, g.data() + static_cast<std::size_t>(rank_) * piece, piece);
-        g = buffer<half_type>();
+        engine<space>::accumulate(*comm_, shard, g.data() + static_cast<std::size_t>(rank_) * piece, piece);
+        comm_->synchronize();  // the bucket buffer is freed next
+        g = buffer<half_type, space>();
       }
     }
     pending_reduce_.clear();
@@ -418,9 +428,9 @@ class zero_optimizer {
       if (gathered_[b].size() != 0 || pending_gather_[b]) return;
       const auto& k = layout_.buckets()[b];
       const std::size_t piece = layout_.piece_size(b);
-      gathered_[b] = buffer<half_type>(k.size, mem_category::communication);
+      gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
-      std::memcpy(static_cast<void*>(mine), working_.data() + k.shard_begin, piece * sizeof(half_type));
+      detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
       pending_gather_[b].emplace(comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]));
     } else {
       (void)b;
@@ -447,7 +457,7 @@ class zero_optimizer {
           pending_gather_[b]->wait();
           pending_gather_[b].reset();
         }
-        gathered_[b] = buffer<half_type>();
+        gathered_[b] = buffer<half_type, space>();
       }
     }
   }
@@ -461,15 +471,15 @@ class zero_optimizer {
   std::int64_t step_count_ = 0;
   bool sync_ = true;
 
-  buffer<half_type> working_;  // full (stages 0-2) or shard (stage 3)
-  buffer<float> master_;       // fp32 master weights: full (stage 0) or shard; empty without mixed precision
-  buffer<half_type> grads_;    // full (stages 0-1) or shard (stages 2-3)
-  std::array<buffer<float>, Opt::state_count> states_;  // full (stage 0) or shard
+  buffer<half_type, space> working_;  // full (stages 0-2) or shard (stage 3)
+  buffer<float, space> master_;       // fp32 master weights: full (stage 0) or shard; empty without mixed precision
+  buffer<half_type, space> grads_;    // full (stages 0-1) or shard (stages 2-3)
+  std::array<buffer<float, space>, Opt::state_count> states_;  // full (stage 0) or shard
 
   std::vector<std::vector<bool>> ready_;        // per bucket, per layer
-  std::vector<buffer<half_type>> bucket_grads_; // stages 2-3: per-bucket gradient buffers, while in use
+  std::vector<buffer<half_type, space>> bucket_grads_;  // stages 2-3: per-bucket gradient buffers, while in use
   std::vector<pending> pending_reduce_;
-  std::vector<buffer<half_type>> gathered_;     // stage 3: full buckets, while gathered
+  std::vector<buffer<half_type, space>> gathered_;     // stage 3: full buckets, while gathered
   std::vector<std::optional<request_type>> pending_gather_;
   std::vector<int> in_use_;
   std::vector<bool> synced_;                    // reduced since the last step

@@ -1,0 +1,65 @@
+// trident-requires: nvcc
+#pragma once
+// zero_optimizer's element-wise work on the GPU: gradient statistics, the fused optimizer step
+// and the accumulation of reduced gradient pieces, ordered on the communicator's CUDA stream.
+// Include it (from a .cu file) to use zero_optimizer with nccl_comm.
+//
+//   #include <trident/comm/nccl.hpp>
+//   #include <trident/cuda/zero_engine.cuh>
+//   trident::zero::zero_optimizer<2, trident::optim::adamw, trident::nccl_comm,
+//                                 trident::zero::mixed_precision<trident::bf16>> zero(comm, spec, adamw);
+#if !defined(__CUDACC__)
+#error "trident/cuda/zero_engine.cuh contains CUDA kernels: compile this translation unit with nvcc"
+#endif
+
+#include <array>
+#include <cstdint>
+
+#include "trident/core/cuda_runtime.hpp"
+#include "trident/cuda/convert.cuh"
+#include "trident/cuda/optim.cuh"
+#include "trident/zero/zero_optimizer.hpp"
+
+namespace trident::zero {
+
+namespace engine_detail {
+
+template <class H>
+__global__ void accumulate_kernel(H* dst, const H* src, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    dst[i] = static_cast<H>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));  // as host_combine: in float
+}
+
+template <class Comm>
+cudaStream_t stream_of(Comm& comm) {
+  if constexpr (requires { comm.stream(); }) return comm.stream();
+  else return nullptr;
+}
+
+}  // namespace engine_detail
+
+template <>
+struct engine<cuda_space> {
+  template <class Comm, class H>
+  static optim::grad_stats stats(Comm& comm, const H* grads, std::size_t n, float multiplier) {
+    return cuda::gradient_stats(device_span<const H>(grads, n), multiplier, engine_detail::stream_of(comm));
+  }
+  template <class Comm, class Opt, class H, std::size_t S>
+  static void step(Comm& comm, const Opt& opt, float* params, const H* grads, const std::array<float*, S>& states, std::size_t n,
+                   std::int64_t t, float multiplier, H* working) {
+    std::array<device_span<float>, S> state;
+    for (std::size_t s = 0; s < S; ++s) state[s] = {states[s], n};
+    cuda::step(opt, device_span<float>(params, n), device_span<const H>(grads, n), state, t, multiplier,
+               working ? device_span<H>(working, n) : device_span<H>(), engine_detail::stream_of(comm));
+  }
+  template <class Comm, class H>
+  static void accumulate(Comm& comm, H* dst, const H* src, std::size_t n) {
+    if (n == 0) return;
+    constexpr int block = 256;
+    engine_detail::accumulate_kernel<<<cuda::grid_for(n, block), block, 0, engine_detail::stream_of(comm)>>>(dst, src, n);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+}  // namespace trident::zero
