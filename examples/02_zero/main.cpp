@@ -4,12 +4,22 @@
 //
 //   ./zero_mlp [steps] [stage 0-3]                        4 thread ranks (no launcher, no GPU)
 //   mpirun -np 4 ./zero_mlp --backend mpi [steps] [stage] one MPI process per rank
-//
-// The NCCL backend is not offered yet: zero_optimizer runs on host communicators so far.
+//   mpirun -np 2 ./zero_mlp --backend nccl [steps] [stage] NCCL on the GPU (built when NCCL and MPI
+//                                                           are found; add --share-gpu to put every
+//                                                           rank on GPU 0, for testing)
+// With NCCL the optimizer state lives on the GPU; the tiny MLP's forward and backward still run
+// on the host (mlp::host_staged copies parameters and gradients), so samples/s is not a GPU figure.
+#ifndef TRIDENT_EXAMPLE_NCCL
+#define TRIDENT_EXAMPLE_NCCL 0
+#endif
 #include <trident/comm/local.hpp>
 #include <trident/zero/zero_optimizer.hpp>
 #if TRIDENT_HAS_MPI
 #include <trident/comm/mpi.hpp>
+#endif
+#if TRIDENT_EXAMPLE_NCCL
+#include <trident/comm/nccl.hpp>
+#include <trident/cuda/zero_engine.cuh>
 #endif
 
 #include <chrono>
@@ -17,6 +27,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mlp.hpp"
@@ -30,6 +41,7 @@ struct settings {
   int ranks = 4;
   int steps = 300;
   int stage = 2;
+  bool share_gpu = false;
 };
 
 template <int Stage, class Comm>
@@ -49,11 +61,21 @@ void train(Comm& comm, const settings& s) {
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < s.steps; ++step) {
     const std::size_t first = static_cast<std::size_t>(step % 50) * global_batch + static_cast<std::size_t>(comm.rank()) * rows;
-    std::vector<double> loss{mlp::train_step(z, d, first, rows, rows, z.loss_scale())};
+    double local_loss = 0;
+    if constexpr (std::is_same_v<typename Comm::space, trident::host_space>) {
+      local_loss = mlp::train_step(z, d, first, rows, rows, z.loss_scale());
+    } else {
+      mlp::host_staged<decltype(z)> staged{z, {}, {}};
+      local_loss = mlp::train_step(staged, d, first, rows, rows, z.loss_scale());
+    }
+    trident::buffer<double, typename Comm::space> loss(1, trident::mem_category::other);
+    trident::copy(std::span<const double>(&local_loss, 1), loss);
     const auto result = z.step();
     comm.all_reduce(loss, trident::reduce_op::avg);
+    comm.synchronize();
     if (comm.rank() == 0 && (step % 50 == 0 || step + 1 == s.steps))
-      std::printf("step %4d  loss %.5f  grad norm %.4f%s\n", step, loss[0], result.grad_norm, result.applied ? "" : "  (skipped)");
+      std::printf("step %4d  loss %.5f  grad norm %.4f%s\n", step, trident::to_vector(loss)[0], result.grad_norm,
+                  result.applied ? "" : "  (skipped)");
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (comm.rank() == 0)
@@ -66,9 +88,10 @@ void train(Comm& comm, const settings& s) {
     if (r == comm.rank()) {
       using trident::mem_category;
       using trident::space_kind;
-      const double held = static_cast<double>(ledger->bytes(space_kind::host, mem_category::parameters) +
-                                              ledger->bytes(space_kind::host, mem_category::gradients) +
-                                              ledger->bytes(space_kind::host, mem_category::optimizer_state));
+      constexpr space_kind where = std::is_same_v<typename Comm::space, trident::host_space> ? space_kind::host : space_kind::cuda;
+      const double held = static_cast<double>(ledger->bytes(where, mem_category::parameters) +
+                                              ledger->bytes(where, mem_category::gradients) +
+                                              ledger->bytes(where, mem_category::optimizer_state));
       const double psi = static_cast<double>(z.layout().full_size()), n = comm.size();
       const double paper[] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
       std::printf("%s  parameters + gradients + optimizer states: %.0f bytes = %.3f bytes/parameter (ZeRO paper: %.3f)\n",
@@ -100,6 +123,7 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       if (a == "--backend" && i + 1 < argc) s.backend = argv[++i];
       else if (a == "--ranks" && i + 1 < argc) s.ranks = std::atoi(argv[++i]);
+      else if (a == "--share-gpu") s.share_gpu = true;
       else positional.push_back(a);
     }
     if (positional.size() > 0) s.steps = std::atoi(positional[0].c_str());
@@ -119,8 +143,23 @@ int main(int argc, char** argv) {
       return 0;
     }
 #endif
-    throw trident::usage_error("zero_mlp: --backend " + s.backend + " is not available (local" +
-                               std::string(trident::has_mpi ? ", mpi" : "") + "; nccl: not yet)");
+#if TRIDENT_EXAMPLE_NCCL
+    if (s.backend == "nccl") {
+      trident::mpi_environment env(argc, argv);
+      const auto launch = trident::launch_env::detect();
+      if (s.share_gpu) TRIDENT_CUDA_CHECK(cudaSetDevice(0));
+      else trident::select_device(launch);
+      trident::nccl_options options;
+      options.host_id_per_rank = s.share_gpu;
+      auto comm = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, options);
+      TRIDENT_EXPECT(64 % comm.size() == 0, "zero_mlp: the global batch of 64 must divide by the number of ranks (", comm.size(), ")");
+      dispatch(comm, s);
+      return 0;
+    }
+#endif
+    throw trident::usage_error("zero_mlp: --backend " + s.backend + " is not available in this build (local" +
+                               std::string(trident::has_mpi ? ", mpi" : "") +
+                               std::string(TRIDENT_EXAMPLE_NCCL ? ", nccl" : "") + ")");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_mlp: %s\n", e.what());
     return 1;

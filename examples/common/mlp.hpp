@@ -4,8 +4,11 @@
 // layer ready in reverse order, as a trainer would. Plain loops, fixed summation order.
 #include <cmath>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "trident/comm/communicator.hpp"
 
 #include "trident/zero/flat_layout.hpp"
 
@@ -140,5 +143,43 @@ double train_step(Zero& zero, const dims& d, std::size_t first, std::size_t rows
   backward("l0", 0, x, h0, d0, d.in, d.hidden, true, false);
   return loss;
 }
+
+//! Presents a zero_optimizer on device memory to this host MLP: parameters are copied to the
+//! host, gradients are staged on the host and copied into the device buffers when their layer is
+//! marked ready. Slow, and fine for a model this small: what runs on the device is the optimizer.
+template <class Zero>
+struct host_staged {
+  using half_type = typename Zero::half_type;
+  Zero& z;
+  std::map<std::string, std::vector<half_type>> params, grads;
+
+  trident::space_span<const half_type, trident::host_space> parameters(const std::string& name) {
+    auto d = z.parameters(name);
+    auto& v = params[name];
+    v.resize(d.size());
+    trident::detail::copy_bytes(v.data(), true, d.data(), false, d.size_bytes());
+    return {v.data(), v.size()};
+  }
+  trident::space_span<half_type, trident::host_space> gradients(const std::string& name) {
+    auto d = z.gradients(name);
+    auto& v = grads[name];
+    v.resize(d.size());
+    trident::detail::copy_bytes(v.data(), true, d.data(), false, d.size_bytes());
+    return {v.data(), v.size()};
+  }
+  void release(int layer) { z.release(layer); }
+  void grad_ready(int layer) {
+    for (auto it = grads.begin(); it != grads.end();) {
+      if (z.layout().find(it->first).layer != layer) {
+        ++it;
+        continue;
+      }
+      auto d = z.gradients(it->first);
+      trident::detail::copy_bytes(d.data(), false, it->second.data(), true, d.size_bytes());
+      it = grads.erase(it);
+    }
+    z.grad_ready(layer);
+  }
+};
 
 }  // namespace mlp

@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <optional>
 #include <vector>
 
@@ -24,43 +23,6 @@ namespace {
 
 std::optional<trident::nccl_comm> world;
 constexpr std::size_t global_batch = 24;
-
-// Presents a device zero_optimizer to the host MLP: parameters are copied down, gradients are
-// staged on the host and copied into the device buffers when their layer is marked ready.
-template <class Zero>
-struct host_staged {
-  using half_type = typename Zero::half_type;
-  Zero& z;
-  std::map<std::string, std::vector<half_type>> params, grads;
-
-  trident::space_span<const half_type, trident::host_space> parameters(const std::string& name) {
-    auto d = z.parameters(name);
-    auto& v = params[name];
-    v.resize(d.size());
-    trident::detail::copy_bytes(v.data(), true, d.data(), false, d.size_bytes());
-    return {v.data(), v.size()};
-  }
-  trident::space_span<half_type, trident::host_space> gradients(const std::string& name) {
-    auto d = z.gradients(name);
-    auto& v = grads[name];
-    v.resize(d.size());
-    trident::detail::copy_bytes(v.data(), true, d.data(), false, d.size_bytes());
-    return {v.data(), v.size()};
-  }
-  void release(int layer) { z.release(layer); }
-  void grad_ready(int layer) {
-    for (auto it = grads.begin(); it != grads.end();) {
-      if (z.layout().find(it->first).layer != layer) {
-        ++it;
-        continue;
-      }
-      auto d = z.gradients(it->first);
-      trident::detail::copy_bytes(d.data(), false, it->second.data(), true, d.size_bytes());
-      it = grads.erase(it);
-    }
-    z.grad_ready(layer);
-  }
-};
 
 zero::zero_options small_buckets() {
   zero::zero_options o;
@@ -80,7 +42,7 @@ std::vector<float> by_name(Comm& comm, Opt opt, int steps) {
   for (int s = 0; s < steps; ++s) {
     const std::size_t first = static_cast<std::size_t>(s) * global_batch + static_cast<std::size_t>(comm.rank()) * rows;
     if constexpr (std::is_same_v<typename Comm::space, trident::cuda_space>) {
-      host_staged<decltype(z)> staged{z, {}, {}};
+      mlp::host_staged<decltype(z)> staged{z, {}, {}};
       mlp::train_step(staged, d, first, rows, rows, z.loss_scale());
     } else {
       mlp::train_step(z, d, first, rows, rows, z.loss_scale());
