@@ -291,3 +291,36 @@ TEST_CASE("zero: global-norm clipping across shards matches single-rank clipping
     CHECK(relative_difference(b, a) <= 1e-5);
   }
 }
+
+// Two micro-batches per step (no_sync on the first in stages 0-1; stages 2-3 reduce both and
+// accumulate their shards) equal one step on the whole batch.
+template <int Stage>
+std::vector<float> train_accumulated(int n, int micro_batches) {
+  const mlp::dims d;
+  return local_world::run(n, [&](local_comm& comm) {
+    zero::zero_optimizer<Stage, optim::adamw, local_comm> z(comm, mlp::spec(d), adamw(), small_buckets());
+    mlp::initialise(z, d);
+    const std::size_t rows = global_batch / static_cast<std::size_t>(n);
+    const std::size_t micro = rows / static_cast<std::size_t>(micro_batches);
+    for (int s = 0; s < 10; ++s)
+      for (int m = 0; m < micro_batches; ++m) {
+        if constexpr (Stage < 2) z.set_gradient_sync(m + 1 == micro_batches);
+        const std::size_t first = static_cast<std::size_t>(s) * global_batch + static_cast<std::size_t>(comm.rank()) * rows +
+                                  static_cast<std::size_t>(m) * micro;
+        mlp::train_step(z, d, first, micro, rows, z.loss_scale());  // each micro-batch: its share of the mean
+        if (m + 1 == micro_batches) CHECK(z.step().applied);
+      }
+    return z.full_master();
+  })[0];
+}
+
+TEST_CASE("zero: gradient accumulation over micro-batches equals one step on the whole batch") {
+  for (int n : {1, 2, 3}) {
+    INFO(n, " ranks");
+    const auto whole = train_accumulated<0>(n, 1);
+    CHECK(relative_difference(train_accumulated<0>(n, 2), whole) <= 1e-5);
+    CHECK(relative_difference(train_accumulated<1>(n, 2), whole) <= 1e-5);
+    CHECK(relative_difference(train_accumulated<2>(n, 4), whole) <= 1e-5);
+    CHECK(relative_difference(train_accumulated<3>(n, 2), whole) <= 1e-5);
+  }
+}
