@@ -18,6 +18,7 @@
 
 #include "comm/collective_suite.hpp"
 #include "comm/grid_suite.hpp"
+#include "support/nccl_mpi_main.hpp"
 #include "trident/comm/nccl.hpp"
 #include "trident/core/buffer.hpp"
 
@@ -212,33 +213,4 @@ TEST_CASE("two ranks: a collective that a peer never joins times out and aborts 
   // the destructor aborts after the timeout rather than hanging.
 }
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // Every rank must agree to skip, or the others would wait for it forever.
-  const int devices = trident::cuda_device_count();
-  int fewest = 0;
-  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (fewest == 0) {
-    if (rank == 0) std::printf("SKIPPED: no CUDA device is visible to every rank (no GPU or no driver)\n");
-    MPI_Finalize();
-    return 77;
-  }
-  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // one machine: the loopback interface is enough
-  int failed = 0;
-  try {
-    TRIDENT_CUDA_CHECK(cudaSetDevice(0));  // every rank on GPU 0, on purpose
-    world.emplace(trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = true}));
-    doctest::Context context(argc, argv);
-    failed = context.run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    failed = 1;
-  }
-  world.reset();
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return test_support::nccl_mpi_doctest_main(argc, argv, world); }

@@ -9,7 +9,7 @@
 
 #include "trident/comm/local.hpp"
 #include "trident/zero/zero_optimizer.hpp"
-#include "mlp.hpp"
+#include "zero/zero_training.hpp"
 
 using trident::local_comm;
 using trident::local_world;
@@ -18,15 +18,9 @@ namespace optim = trident::optim;
 
 namespace {
 
-constexpr std::size_t global_batch = 24;  // divisible by 1, 2, 3, 4 and 8
-
-zero::zero_options small_buckets() {
-  zero::zero_options o;
-  o.bucket_bytes = 700 * sizeof(float);  // several buckets for this model: l2 | l1 | l0
-  o.first_bucket_bytes = 150 * sizeof(float);
-  o.persistence_threshold = 0;           // stage 3 really gathers and releases
-  return o;
-}
+using zero_training::global_batch;
+using zero_training::relative_difference;
+using zero_training::small_buckets;
 
 // Trains `steps` steps on n thread ranks; returns rank 0's full fp32 parameters.
 template <int Stage, class Opt, class Precision = zero::full_precision>
@@ -44,15 +38,6 @@ std::vector<float> train(int n, Opt opt, int steps, zero::zero_options options =
     return z.full_master();
   });
   return result[0];
-}
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
 }
 
 optim::sgd sgd_momentum() {

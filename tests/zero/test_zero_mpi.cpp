@@ -12,52 +12,15 @@
 #include "trident/comm/local.hpp"
 #include "trident/comm/mpi.hpp"
 #include "trident/zero/zero_optimizer.hpp"
-#include "mlp.hpp"
+#include "zero/zero_training.hpp"
 
 namespace zero = trident::zero;
 namespace optim = trident::optim;
 
 namespace {
 
-constexpr std::size_t global_batch = 24;
-
-zero::zero_options small_buckets() {
-  zero::zero_options o;
-  o.bucket_bytes = 700 * sizeof(float);
-  o.first_bucket_bytes = 150 * sizeof(float);
-  o.persistence_threshold = 0;
-  return o;
-}
-
-template <int Stage, class Opt, class Comm>
-std::vector<float> by_name(Comm& comm, Opt opt, int steps) {
-  const mlp::dims d;
-  const auto spec = mlp::spec(d);
-  zero::zero_optimizer<Stage, Opt, Comm> z(comm, spec, opt, small_buckets());
-  mlp::initialise(z, d);
-  const std::size_t rows = global_batch / static_cast<std::size_t>(comm.size());
-  for (int s = 0; s < steps; ++s) {
-    const std::size_t first = static_cast<std::size_t>(s) * global_batch + static_cast<std::size_t>(comm.rank()) * rows;
-    mlp::train_step(z, d, first, rows, rows, z.loss_scale());
-    z.step();
-  }
-  const auto full = z.full_master();
-  std::vector<float> out;
-  for (const auto& t : spec.tensors()) {
-    const auto& p = z.layout().find(t.name);
-    out.insert(out.end(), full.begin() + static_cast<std::ptrdiff_t>(p.offset), full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
-  }
-  return out;
-}
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using zero_training::by_name;
+using zero_training::relative_difference;
 
 template <class Opt>
 void check(Opt opt, const char* name) {

@@ -11,7 +11,8 @@
 #include <optional>
 #include <vector>
 
-#include "mlp.hpp"
+#include "zero/zero_training.hpp"
+#include "support/nccl_mpi_main.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/nccl.hpp"
 #include "trident/cuda/zero_engine.cuh"
@@ -22,50 +23,8 @@ namespace optim = trident::optim;
 namespace {
 
 std::optional<trident::nccl_comm> world;
-constexpr std::size_t global_batch = 24;
-
-zero::zero_options small_buckets() {
-  zero::zero_options o;
-  o.bucket_bytes = 700 * sizeof(float);
-  o.first_bucket_bytes = 150 * sizeof(float);
-  o.persistence_threshold = 0;
-  return o;
-}
-
-template <int Stage, class Opt, class Precision, class Comm>
-std::vector<float> by_name(Comm& comm, Opt opt, int steps) {
-  const mlp::dims d;
-  const auto spec = mlp::spec(d);
-  zero::zero_optimizer<Stage, Opt, Comm, Precision> z(comm, spec, opt, small_buckets());
-  mlp::initialise(z, d);
-  const std::size_t rows = global_batch / static_cast<std::size_t>(comm.size());
-  for (int s = 0; s < steps; ++s) {
-    const std::size_t first = static_cast<std::size_t>(s) * global_batch + static_cast<std::size_t>(comm.rank()) * rows;
-    if constexpr (std::is_same_v<typename Comm::space, trident::cuda_space>) {
-      mlp::host_staged<decltype(z)> staged{z, {}, {}};
-      mlp::train_step(staged, d, first, rows, rows, z.loss_scale());
-    } else {
-      mlp::train_step(z, d, first, rows, rows, z.loss_scale());
-    }
-    z.step();
-  }
-  const auto full = z.full_master();
-  std::vector<float> out;
-  for (const auto& t : spec.tensors()) {
-    const auto& p = z.layout().find(t.name);
-    out.insert(out.end(), full.begin() + static_cast<std::ptrdiff_t>(p.offset), full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
-  }
-  return out;
-}
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using zero_training::by_name;
+using zero_training::relative_difference;
 
 template <class Precision, class Opt>
 void check(Opt opt, const char* name, double tolerance) {
@@ -98,32 +57,4 @@ TEST_CASE("zero over NCCL: bf16 mixed precision stays close to the host's bf16 r
   check<zero::mixed_precision<trident::bf16>>(adamw, "adamw bf16", 2e-2);
 }
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const int devices = trident::cuda_device_count();
-  int fewest = 0;
-  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (fewest == 0) {
-    if (rank == 0) std::printf("SKIPPED: no CUDA device is visible to every rank (no GPU or no driver)\n");
-    MPI_Finalize();
-    return 77;
-  }
-  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  int failed = 0;
-  try {
-    TRIDENT_CUDA_CHECK(cudaSetDevice(0));  // every rank on GPU 0, on purpose
-    world.emplace(trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = true}));
-    doctest::Context context(argc, argv);
-    failed = context.run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    failed = 1;
-  }
-  world.reset();
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return test_support::nccl_mpi_doctest_main(argc, argv, world); }
