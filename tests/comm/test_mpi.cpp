@@ -56,48 +56,15 @@ bool same(T a, T b) {
   else return a == b;
 }
 
-//! Rank r's i-th input to a reduction: small integers, so every result is exact in every type
-//! and in any order of combination.
-template <class T>
-T input(int r, std::size_t i, reduce_op op) {
-  const std::size_t k = static_cast<std::size_t>(r) * 5 + i * 3;
-  constexpr bool no_negatives = std::is_unsigned_v<T>;
-  int v = 0;
-  if (op == reduce_op::prod) v = no_negatives ? 1 + static_cast<int>(k % 2) : std::array{-1, 1, 2}[k % 3];
-  else v = no_negatives ? static_cast<int>(k % 4) : static_cast<int>(k % 7) - 3;
-  return from_double<T>(v);
-}
+// Inputs and the serial reference are the shared suite's (small integers: exact in every type
+// and in any order of combination).
+using suite::input;
+using suite::inputs;
 
-template <class T>
-std::vector<T> inputs(int r, std::size_t n, reduce_op op) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = input<T>(r, i, op);
-  return v;
-}
-
-//! op over all ranks of input(r, i), in double (exact here); avg divides the sum the way the
-//! backend does: in the element's arithmetic, truncating for integers.
 template <class T>
 std::vector<T> reference(int ranks, std::size_t n, reduce_op op) {
   std::vector<T> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    double acc = to_double(input<T>(0, i, op));
-    for (int r = 1; r < ranks; ++r) {
-      const double x = to_double(input<T>(r, i, op));
-      switch (op) {
-        case reduce_op::sum:
-        case reduce_op::avg: acc += x; break;
-        case reduce_op::prod: acc *= x; break;
-        case reduce_op::max: acc = std::max(acc, x); break;
-        case reduce_op::min: acc = std::min(acc, x); break;
-      }
-    }
-    if (op == reduce_op::avg) {
-      if constexpr (std::is_integral_v<T>) acc = static_cast<double>(static_cast<long long>(acc) / ranks);
-      else acc /= ranks;
-    }
-    out[i] = from_double<T>(acc);
-  }
+  for (std::size_t i = 0; i < n; ++i) out[i] = from_double<T>(suite::reference<T>(ranks, i, op));
   return out;
 }
 
