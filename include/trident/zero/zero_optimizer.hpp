@@ -34,7 +34,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -128,7 +127,6 @@ class zero_optimizer {
     bucket_grads_.resize(nb);
     gathered_.resize(nb);
     pending_gather_.resize(nb);
-    in_use_.assign(nb, 0);
     synced_.assign(nb, false);
   }
 
@@ -210,17 +208,17 @@ class zero_optimizer {
     } else {
       const std::size_t b = p.bucket;
       gather(b);
-      ++in_use_[b];
       prefetch_after(b);
       return {gathered_[b].data() + (p.offset - layout_.buckets()[b].begin), p.numel};
     }
   }
 
-  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2).
+  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2). The whole
+  //! bucket is freed, so a bucket of several layers is gathered again for its next layer: choose
+  //! bucket sizes near one layer for stage 3.
   void release(int layer) {
     if constexpr (Stage == 3) {
       const std::size_t b = layout_.bucket_of_layer(layer);
-      if (in_use_[b] > 0) in_use_[b] = 0;
       if (!persistent(b)) gathered_[b] = buffer<half_type, space>();
     } else {
       (void)layout_.bucket_of_layer(layer);
@@ -481,7 +479,6 @@ class zero_optimizer {
   std::vector<pending> pending_reduce_;
   std::vector<buffer<half_type, space>> gathered_;     // stage 3: full buckets, while gathered
   std::vector<std::optional<request_type>> pending_gather_;
-  std::vector<int> in_use_;
   std::vector<bool> synced_;                    // reduced since the last step
   std::optional<std::size_t> last_gathered_;
 };
