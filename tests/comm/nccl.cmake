@@ -1,5 +1,8 @@
 # The NCCL communicator.
 #   comm.nccl_env        launcher variables and the shared-file bootstrap: no GPU needed
+#   comm.nccl_bootstrap  the shared-file bootstrap between real processes started with torchrun's
+#                        or Slurm's variables (no mpirun): one id everywhere; with a GPU also one
+#                        communicator and an all-reduce
 #   comm.nccl            one rank on one GPU: every collective x type x op against a host reference
 #   comm.nccl_multirank  two ranks (processes) on GPU 0 under mpirun, told apart by NCCL_HOSTID
 #                        (nccl_options::host_id_per_rank) and talking over NCCL's socket transport
@@ -8,6 +11,14 @@ if(TARGET trident::nccl)
   find_package(Threads REQUIRED)
   trident_add_test(comm.nccl_env SOURCES comm/test_nccl_env.cpp LIBRARIES trident::nccl Threads::Threads
                    LABELS comm nccl)
+  add_executable(nccl_bootstrap_worker comm/nccl_bootstrap_worker.cpp)
+  target_link_libraries(nccl_bootstrap_worker PRIVATE trident::nccl)
+  trident_strict_warnings(nccl_bootstrap_worker)
+  trident_add_test(comm.nccl_bootstrap SOURCES comm/test_nccl_bootstrap.cpp LIBRARIES trident::cuda
+                   LABELS comm nccl TIMEOUT 600)
+  target_compile_definitions(test_comm_nccl_bootstrap PRIVATE
+                             TRIDENT_BOOTSTRAP_WORKER="$<TARGET_FILE:nccl_bootstrap_worker>")
+  add_dependencies(test_comm_nccl_bootstrap nccl_bootstrap_worker)
   trident_add_test(comm.nccl SOURCES comm/test_nccl.cpp LIBRARIES trident::nccl GPU LABELS comm nccl gpu
                    TIMEOUT 600)
   if(TARGET trident::mpi)
