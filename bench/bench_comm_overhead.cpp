@@ -3,9 +3,12 @@
 // element buffer, so the figure is what the wrapper adds (argument checks, dispatch), not data
 // movement.
 //   ./bench_comm_overhead                 thread backend and MPI (MPI_COMM_SELF)
-//   (with a GPU) the NCCL pair runs too: enqueue cost, the stream synchronised every 256 calls
+//   (with a GPU) the NCCL trio runs too: raw ncclAllReduce, trident's front-end, and the
+//   backend's execute() alone; 4 B in place and 1-4 MiB out of place; the stream is
+//   synchronised every 256 calls
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "trident/comm/local.hpp"
@@ -58,7 +61,15 @@ BENCHMARK(mpi_raw_all_reduce);
 #endif
 
 #if TRIDENT_HAS_NCCL
-void nccl_pair(benchmark::State& state, bool wrapper) {
+// Which path issues the all-reduce: the raw NCCL call, trident's front-end (argument checks,
+// then the backend), or the backend's execute() on a prepared call (the front-end skipped), so
+// a difference between wrapper and raw can be located.
+enum class nccl_path { raw, wrapper, execute };
+
+// range(0): bytes per call. 4 bytes is in place; larger sizes are out of place, which on one
+// rank is a device-to-device cudaMemcpyAsync inside NCCL (in place is a no-op there), so those
+// figures include the real launch cost the collectives benchmark sees at 1-4 MiB.
+void nccl_pair(benchmark::State& state, nccl_path path) {
   if (trident::cuda_device_count() == 0) {
     state.SkipWithError("no CUDA device");
     return;
@@ -66,19 +77,37 @@ void nccl_pair(benchmark::State& state, bool wrapper) {
   ncclUniqueId id;
   TRIDENT_NCCL_CHECK(ncclGetUniqueId(&id));
   auto comm = trident::nccl_comm::init(id, 0, 1);
-  trident::buffer<float, trident::cuda_space> x(1);
+  const auto count = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  const bool in_place = count <= 1;
+  trident::buffer<float, trident::cuda_space> in(count), out(count);
+  float* recv = in_place ? in.data() : out.data();
+  trident::collective_call call;
+  call.kind = trident::collective::all_reduce;
+  call.send = in.data();
+  call.recv = recv;
+  call.send_count = call.recv_count = count;
+  call.type = trident::dtype::float32;
   int i = 0;
   for (auto _ : state) {
-    if (wrapper) comm.all_reduce(x);
-    else ncclAllReduce(x.data(), x.data(), 1, ncclFloat, ncclSum, comm.native(), comm.stream());
+    switch (path) {
+      case nccl_path::raw: ncclAllReduce(in.data(), recv, count, ncclFloat, ncclSum, comm.native(), comm.stream()); break;
+      case nccl_path::wrapper:
+        if (in_place) comm.all_reduce(in);
+        else comm.all_reduce(in, out);
+        break;
+      case nccl_path::execute: comm.execute(call); break;
+    }
     if (++i % 256 == 0) comm.synchronize();
   }
   comm.synchronize();
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
 }
-void nccl_wrapper_all_reduce(benchmark::State& state) { nccl_pair(state, true); }
-void nccl_raw_all_reduce(benchmark::State& state) { nccl_pair(state, false); }
-BENCHMARK(nccl_wrapper_all_reduce);
-BENCHMARK(nccl_raw_all_reduce);
+void nccl_wrapper_all_reduce(benchmark::State& state) { nccl_pair(state, nccl_path::wrapper); }
+void nccl_execute_all_reduce(benchmark::State& state) { nccl_pair(state, nccl_path::execute); }
+void nccl_raw_all_reduce(benchmark::State& state) { nccl_pair(state, nccl_path::raw); }
+BENCHMARK(nccl_wrapper_all_reduce)->Arg(4)->Arg(1 << 20)->Arg(4 << 20);
+BENCHMARK(nccl_execute_all_reduce)->Arg(4)->Arg(1 << 20)->Arg(4 << 20);
+BENCHMARK(nccl_raw_all_reduce)->Arg(4)->Arg(1 << 20)->Arg(4 << 20);
 #endif
 
 }  // namespace
