@@ -291,8 +291,9 @@ class zero_optimizer {
       sum_squares += st.sum_squares;
       finite = finite && st.finite;
     }
-    const double norm_squared = reduce_scalar(sum_squares, reduce_op::sum);
-    const bool overflow = reduce_scalar(std::int32_t{finite ? 0 : 1}, reduce_op::max) != 0;
+    // One all-reduce for both: the sum of squares, and how many ranks saw a non-finite value.
+    const auto [norm_squared, nonfinite_ranks] = reduce_pair(sum_squares, finite ? 0.0 : 1.0);
+    const bool overflow = nonfinite_ranks != 0;
     const double norm = std::sqrt(norm_squared);
     const bool applied = scaler_.update(overflow);
 
@@ -352,14 +353,18 @@ class zero_optimizer {
     detail::copy_bytes(dst.data() + at, space::host_accessible, host, true, n * sizeof(T));
   }
 
-  // A value reduced over the group, through the communicator's memory space.
-  template <class T>
-  T reduce_scalar(T value, reduce_op op) {
-    buffer<T, space> b(1, mem_category::communication);
-    upload(b, 0, &value, 1);
-    comm_->all_reduce(b, op);
+  // Two doubles summed over the group, through the communicator's memory space, in a buffer
+  // kept for the optimizer's lifetime (allocating one per step would be a cudaMalloc/cudaFree,
+  // and a device-wide synchronisation, on every step of the CUDA path).
+  std::pair<double, double> reduce_pair(double first, double second) {
+    if (scalars_.size() == 0) scalars_ = buffer<double, space>(2, mem_category::communication);
+    const double values[2] = {first, second};
+    upload(scalars_, 0, values, 2);
+    comm_->all_reduce(scalars_, reduce_op::sum);
     comm_->synchronize();
-    return to_vector(b)[0];
+    double reduced[2];
+    detail::copy_bytes(reduced, true, scalars_.data(), space::host_accessible, sizeof reduced);
+    return {reduced[0], reduced[1]};
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
@@ -481,6 +486,7 @@ class zero_optimizer {
   std::vector<std::optional<request_type>> pending_gather_;
   std::vector<bool> synced_;                    // reduced since the last step
   std::optional<std::size_t> last_gathered_;
+  buffer<double, space> scalars_;               // step()'s norm and overflow, reduced together
 };
 
 }  // namespace trident::zero
