@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "trident/comm/mpi.hpp"
 
@@ -24,6 +26,13 @@ inline int mpi_doctest_main(int argc, char** argv) {
     trident::mpi_environment environment(argc, argv);
     {
       trident::mpi_comm world(MPI_COMM_WORLD, false);
+      // A launcher that fails to wire the processes together starts n singletons of size 1,
+      // which would pass every test; TRIDENT_TEST_MPI_SIZE says how many ranks there must be.
+      if (const char* expected = std::getenv("TRIDENT_TEST_MPI_SIZE");
+          expected != nullptr && std::atoi(expected) != world.size()) {
+        throw trident::usage_error("MPI_COMM_WORLD has " + std::to_string(world.size()) + " ranks but TRIDENT_TEST_MPI_SIZE=" +
+                                   expected + " (were the processes started as singletons?)");
+      }
       mpi_world_slot() = &world;
       doctest::Context context(argc, argv);
       const int failed = context.run();

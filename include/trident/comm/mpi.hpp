@@ -11,6 +11,9 @@
 //     void check_arguments(bool) / bool check_arguments() const
 //     execute/start (collective_call | span<const p2p_op>), barrier(), synchronize(), split()
 //
+// Launch with mpirun, or with Slurm's srun (`srun --mpi=pmix`: Debian's OpenMPI wires up through
+// PMIx; the comm.srun test runs the whole MPI suite that way).
+//
 // Needs MPI: link trident::mpi (which defines TRIDENT_HAS_MPI). Host memory only: hand device
 // memory to nccl_comm, or to a CUDA-aware MPI through a space_span you vouch for.
 //

@@ -1,0 +1,12 @@
+# comm.srun: the MPI suite started by Slurm's srun on a throwaway one-node Slurm (tests/comm/srun.sh; root
+# only, else skipped), plus the NCCL file bootstrap under srun when NCCL is there.
+if(TARGET trident::mpi AND CMAKE_HOST_SYSTEM_NAME STREQUAL "Linux")
+  set(srun_worker "")
+  if(TARGET nccl_bootstrap_worker)
+    set(srun_worker "$<TARGET_FILE:nccl_bootstrap_worker>")
+  endif()
+  add_test(NAME comm.srun COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/comm/srun.sh"
+           "${PROJECT_SOURCE_DIR}/scripts/slurm_local.sh" $<TARGET_FILE:test_comm_mpi> ${srun_worker})
+  set_tests_properties(comm.srun PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "comm;mpi;slurm"
+                       ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+endif()
