@@ -10,7 +10,7 @@ max=1
 if [[ ${1:-} == -k ]]; then max=$2; shift 2; fi
 [[ $# -ge 1 ]] || { echo "usage: $0 [-k max-hogs] PROGRAM [ARGS...]" >&2; exit 2; }
 hogs=()
-stop_hogs() { ((${#hogs[@]})) && kill "${hogs[@]}" 2>/dev/null; wait 2>/dev/null; hogs=(); }
+stop_hogs() { if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null || true; wait 2>/dev/null || true; fi; hogs=(); }
 trap stop_hogs EXIT
 for ((k = 0; k <= max; ++k)); do
   stop_hogs

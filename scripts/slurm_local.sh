@@ -48,7 +48,7 @@ start() {
   cat >"$conf" <<EOF
 $marker
 ClusterName=local
-SlurmctldHost=$node
+SlurmctldHost=$node(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -89,9 +89,10 @@ EOF
     (cd "$SLURM_LOCAL_DIR" && slurmd)
   fi
 
-  local state=
-  for _ in {1..60}; do
-    state=$(sinfo -h -n "$node" -o %T 2>/dev/null || true)
+  # sinfo retries for ~9 s when no controller answers, so each look is capped at 2 s.
+  local state='' deadline=$((SECONDS + 30))
+  while ((SECONDS < deadline)); do
+    state=$(timeout 2 sinfo -h -n "$node" -o %T 2>/dev/null || true)
     [[ $state == idle* || $state == mixed* || $state == alloc* ]] && break
     sleep 0.5
   done

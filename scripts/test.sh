@@ -4,6 +4,13 @@
 # Extra arguments go to ctest, e.g. scripts/test.sh -L packaging
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 trident_install_packages
+# Slurm, for the comm.srun test (MPI under srun on a throwaway one-node Slurm): as root only, and
+# optional: without it that test reports itself skipped.
+if [[ $(id -u) -eq 0 ]] && ! command -v slurmd >/dev/null; then
+  if ! (trident_packages=(slurmctld slurmd slurm-client munge libpmix2) && trident_install_packages); then
+    echo "warning: could not install Slurm; the comm.srun test will report itself skipped" >&2
+  fi
+fi
 
 conan_venv=$TRIDENT_ROOT/build/tools/conan
 if [[ ! -x $conan_venv/bin/conan ]]; then

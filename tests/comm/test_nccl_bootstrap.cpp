@@ -5,6 +5,7 @@
 // communicator from it and all-reduce (several ranks share GPU 0 through NCCL_HOSTID).
 // Without a GPU the id exchange still runs for real (ncclGetUniqueId needs no device).
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -26,10 +28,11 @@ extern char** environ;
 
 namespace {
 
-// Launcher variables the parent may itself run under; children get only the ones we set.
+// Launcher variables the parent may itself run under, and NCCL settings the children must get
+// from us (getenv takes the first of two entries of one name); children get only ours.
 bool is_launcher_variable(const std::string& entry) {
   for (const char* prefix : {"OMPI_", "PMIX_", "PMI_", "SLURM_", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
-                             "LOCAL_WORLD_SIZE=", "TRIDENT_TEST_BOOTSTRAP_"})
+                             "LOCAL_WORLD_SIZE=", "TRIDENT_TEST_BOOTSTRAP_", "NCCL_SOCKET_IFNAME=", "NCCL_HOSTID="})
     if (entry.rfind(prefix, 0) == 0) return true;
   return false;
 }
@@ -61,8 +64,14 @@ struct job {
     std::string program = TRIDENT_BOOTSTRAP_WORKER;
     std::string directory = dir.string();
     char* argv[] = {program.data(), directory.data(), nullptr};
+    // Each process's stderr goes to <dir>/spawn<i>.err, so tests can check what it said.
+    const std::string err = (dir / ("spawn" + std::to_string(pids.size()) + ".err")).string();
+    posix_spawn_file_actions_t actions;
+    REQUIRE(::posix_spawn_file_actions_init(&actions) == 0);
+    REQUIRE(::posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644) == 0);
     pid_t pid = 0;
-    const int rc = ::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv, envp.data());
+    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv, envp.data());
+    ::posix_spawn_file_actions_destroy(&actions);
     REQUIRE_MESSAGE(rc == 0, "posix_spawn(", program, "): ", std::strerror(rc));
     pids.push_back(pid);
   }
@@ -76,8 +85,9 @@ struct job {
       for (std::size_t i = 0; i < pids.size(); ++i) {
         if (status[i] != -2) continue;
         int s = 0;
-        if (::waitpid(pids[i], &s, WNOHANG) == pids[i]) {
-          status[i] = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+        const pid_t done = ::waitpid(pids[i], &s, WNOHANG);
+        if (done == pids[i] || done < 0) {  // < 0: not our child any more; count it as failed
+          status[i] = done == pids[i] && WIFEXITED(s) ? WEXITSTATUS(s) : -1;
           --left;
         }
       }
@@ -95,6 +105,11 @@ struct job {
     }
     pids.clear();
     return status;
+  }
+
+  std::string stderr_of(std::size_t spawned) const {
+    std::ifstream in(dir / ("spawn" + std::to_string(spawned) + ".err"));
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
 
   std::map<std::string, std::string> report(int rank) const {
@@ -165,4 +180,10 @@ TEST_CASE("file bootstrap: without rank 0 the other processes fail after their t
   CHECK(status == std::vector<int>{1, 1});  // an error exit, not a hang (killed would be -1)
   CHECK(std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(300));
   CHECK_FALSE(std::filesystem::exists(j.dir / "rank1.txt"));
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::string said = j.stderr_of(i);
+    CAPTURE(said);
+    CHECK(said.find((j.dir / "nccl.id").string()) != std::string::npos);
+    CHECK(said.find("did not appear within 300 ms") != std::string::npos);
+  }
 }

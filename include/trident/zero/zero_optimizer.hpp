@@ -118,6 +118,7 @@ class zero_optimizer {
     if constexpr (has_master) master_ = zeroed<float>(Stage == 0 ? full : shard, mem_category::parameters);
     grads_ = zeroed<half_type>(Stage < 2 ? full : shard, mem_category::gradients);
     for (auto& s : states_) s = zeroed<float>(Stage == 0 ? full : shard, mem_category::optimizer_state);
+    scalars_ = buffer<double, space>(2, mem_category::communication);  // charged to the ledger current now
     const std::size_t nb = layout_.buckets().size();
     ready_.assign(nb, std::vector<bool>());
     for (std::size_t b = 0; b < nb; ++b) {
@@ -357,7 +358,6 @@ class zero_optimizer {
   // kept for the optimizer's lifetime (allocating one per step would be a cudaMalloc/cudaFree,
   // and a device-wide synchronisation, on every step of the CUDA path).
   std::pair<double, double> reduce_pair(double first, double second) {
-    if (scalars_.size() == 0) scalars_ = buffer<double, space>(2, mem_category::communication);
     const double values[2] = {first, second};
     upload(scalars_, 0, values, 2);
     comm_->all_reduce(scalars_, reduce_op::sum);
