@@ -121,14 +121,15 @@ std::vector<T> download(C& comm, const trident::buffer<T, typename C::space>& b)
 
 // ---- behaviours -------------------------------------------------------------------------------
 
-//! all_reduce: every type x op, in place and out of place, sizes 0, 1, 7 and 1000.
+//! all_reduce: every type x op, in place and out of place, sizes 0, 1, 7, 1000 and 2053 (the
+//! thread backend's one-step algorithm below 2 KiB, its ring above, for every type).
 template <class C>
 void all_reduce(C& comm) {
   const int n = comm.size();
   for_each_type([&](auto tag) {
     using T = decltype(tag);
     for (reduce_op op : all_ops)
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}})
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{2053}})
         for (bool in_place : {false, true}) {
           auto in = upload<C>(inputs<T>(comm.rank(), count, op));
           trident::buffer<T, typename C::space> out(count);
@@ -161,9 +162,8 @@ void all_reduce_large(C& comm, std::size_t count = 10'000'019) {
 
 //! Results are bit-identical on every rank and from run to run (random floats, sum and avg).
 template <class C>
-void deterministic(C& comm) {
+void deterministic(C& comm, std::size_t count) {
   const int n = comm.size();
-  const std::size_t count = 4099;
   std::vector<float> x(count);
   std::uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(comm.rank() + 1);
   for (auto& v : x) {
@@ -186,7 +186,14 @@ void deterministic(C& comm) {
   }
 }
 
-//! reduce_scatter: chunk sizes 0, 1 and 5, every type x op, out of place and in place.
+//! The same at 100 and 4099 elements: both of the thread backend's algorithms.
+template <class C>
+void deterministic(C& comm) {
+  for (std::size_t count : {std::size_t{100}, std::size_t{4099}}) deterministic(comm, count);
+}
+
+//! reduce_scatter: chunk sizes 0, 1, 5 and 1031 (the last one above the thread backend's
+//! one-step limit for every type and n >= 2), every type x op, out of place and in place.
 template <class C>
 void reduce_scatter(C& comm) {
   const int n = comm.size();
@@ -194,7 +201,7 @@ void reduce_scatter(C& comm) {
   for_each_type([&](auto tag) {
     using T = decltype(tag);
     for (reduce_op op : all_ops)
-      for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{5}})
+      for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1031}})
         for (bool in_place : {false, true}) {
           const std::size_t count = chunk * static_cast<std::size_t>(n);
           auto in = upload<C>(inputs<T>(comm.rank(), count, op));
