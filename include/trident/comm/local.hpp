@@ -30,7 +30,8 @@
 // bumps after each progress it publishes, so a sleeping rank is woken the moment it can go on.
 // Sleeping instead of yielding or polling matters when ranks outnumber cores (8 ranks on 2
 // cores, or beside a compiler): a poll with sleeps of tens of microseconds turned each wait into
-// a scheduler time slice, and one 0.5 s test into 80 s. A sleep is capped at a few ms so that an
+// a scheduler time slice, and a 0.5 s test into 26 s beside one busy process (3 s now). With
+// every core busy neither helps: a woken rank waits for a slice. A sleep is capped at 2 ms so an
 // abort elsewhere in the world, which does not know every group's slots, is still seen promptly.
 #include <algorithm>
 #include <atomic>
