@@ -63,6 +63,34 @@ TEST_CASE("local: all_reduce equals reduce_scatter + all_gather bit for bit, sma
     }
   });
 }
+// After a yield lost the core to another process, waits skip the spin and sleep at once; that
+// path must read the same data as the spinning one. (A missed wake-up would only cost a sleep of
+// at most 2 ms, so this checks results, not speed: bench/contention.sh measures that.)
+TEST_CASE("local: spinning stops for a while after a yield lost the core, and waits that sleep at once stay right") {
+  using trident::detail::local_spinning;
+  const auto t = std::chrono::steady_clock::now();
+  local_spinning fresh;
+  CHECK(fresh.budget(t) == trident::detail::local_spin);
+  fresh.lost_core(t);
+  CHECK(fresh.budget(t + std::chrono::milliseconds(1)) == std::chrono::nanoseconds(0));
+  CHECK(fresh.budget(t + trident::detail::local_spin_pause + std::chrono::microseconds(1)) == trident::detail::local_spin);
+
+  auto& shared = local_spinning::instance();
+  for (int n : {2, 3, 8}) {
+    CAPTURE(n);
+    local_world::run(n, [&](local_comm& comm) {
+      for (int round = 0; round < 300; ++round) {
+        if (comm.rank() == 0 && round % 16 == 0) shared.lost_core(std::chrono::steady_clock::now());
+        const std::size_t count = round % 2 ? 5 : 3000;  // the one-step path and the ring
+        std::vector<double> x(count, static_cast<double>(comm.rank() + round));
+        comm.all_reduce(x);
+        const double want = static_cast<double>(n) * round + n * (n - 1) / 2.0;
+        CHECK(x.front() == want);
+        CHECK(x.back() == want);
+      }
+    });
+  }
+}
 TEST_CASE("local: reduce_scatter") { on_every_size([](auto& c) { suite::reduce_scatter(c); }); }
 TEST_CASE("local: all_gather") { on_every_size([](auto& c) { suite::all_gather(c); }); }
 TEST_CASE("local: broadcast") { on_every_size([](auto& c) { suite::broadcast(c); }); }

@@ -30,8 +30,10 @@
 // bumps after each progress it publishes, so a sleeping rank is woken the moment it can go on.
 // Sleeping instead of yielding or polling matters when ranks outnumber cores (8 ranks on 2
 // cores, or beside a compiler): a poll with sleeps of tens of microseconds turned each wait into
-// a scheduler time slice, and a 0.5 s test into 26 s beside one busy process (3 s now). With
-// every core busy neither helps: a woken rank waits for a slice. A sleep is capped at 2 ms so an
+// a scheduler time slice, and a 0.5 s test into 26 s beside one busy process (2 s now). With
+// every core busy the spin itself was the trouble: each yield handed a busy process a whole
+// slice (40 s beside two busy loops), so after a yield that lost the core for a slice, waits
+// sleep at once for a while (3 s now; detail::local_spinning). A sleep is capped at 2 ms so an
 // abort elsewhere in the world, which does not know every group's slots, is still seen promptly.
 #include <algorithm>
 #include <atomic>
@@ -181,10 +183,38 @@ struct local_group {
 };
 
 inline constexpr std::uint64_t step_space = std::uint64_t{1} << 20;
-// How long a wait spins before sleeping, and the longest single sleep (an abort in another
-// group of the world is noticed within it).
+// How long a wait spins before sleeping, how long spinning stops after a yield lost the core,
+// and the longest single sleep (an abort in another group of the world is noticed within it).
 inline constexpr std::chrono::microseconds local_spin{20};
+inline constexpr std::chrono::milliseconds local_spin_pause{50};
+inline constexpr std::chrono::microseconds local_lost_core{1000};
 inline constexpr std::chrono::milliseconds local_sleep_limit{2};
+
+// Whether waits spin (yielding) before they sleep. A yield normally returns within a
+// microsecond or hands the core to a peer rank for a moment; one that lasts local_lost_core
+// means another process took the core for a whole time slice (about 4 ms beside a busy loop on
+// this kernel), and then every wait would pay a slice: a test of many small collectives beside
+// two busy loops on 2 cores took 40 s instead of 3 s. So after such a yield, waits go straight
+// to sleep for local_spin_pause, and then try spinning again. One switch for the process: busy
+// cores are a property of the machine, and each new world or group would otherwise learn it
+// again. Relaxed and racy on purpose: it is a hint, and either answer is correct.
+class local_spinning {
+ public:
+  static local_spinning& instance() noexcept {
+    static local_spinning shared;
+    return shared;
+  }
+  std::chrono::nanoseconds budget(std::chrono::steady_clock::time_point now) const noexcept {
+    if (now.time_since_epoch().count() < paused_until_.load(std::memory_order_relaxed)) return {};
+    return local_spin;
+  }
+  void lost_core(std::chrono::steady_clock::time_point now) noexcept {
+    paused_until_.store((now + local_spin_pause).time_since_epoch().count(), std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<std::chrono::steady_clock::rep> paused_until_{0};
+};
 // All-reduces and reduce-scatters of at most this many bytes (per rank's input) run in one step.
 inline constexpr std::size_t local_one_shot_bytes = std::size_t{2} << 10;
 inline std::uint64_t done_mark(std::uint64_t seq) { return seq * step_space + (step_space - 1); }
@@ -304,13 +334,21 @@ class local_comm : public collectives<local_comm, host_space> {
   template <class Ready>
   void wait_until(Ready ready, const char* what, int peer) const {
     if (ready()) return;
-    // Spin a few microseconds: with a core each, the peer is usually one step behind. The clock
-    // is read on every round because, with more threads than cores, one yield can last a whole
-    // scheduler time slice.
+    // Spin a few microseconds: with a core each, the peer is usually one step behind. Not while
+    // yields lose the core to another process (local_spinning). The clock is read on every
+    // round because one such yield lasts a whole scheduler time slice.
+    auto& spinning = detail::local_spinning::instance();
     const auto start = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - start < detail::local_spin) {
+    const auto budget = spinning.budget(start);
+    for (auto last = start; last - start < budget;) {
       std::this_thread::yield();
       if (ready()) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last > detail::local_lost_core) {
+        spinning.lost_core(now);
+        break;
+      }
+      last = now;
     }
     if (world().aborted.load(std::memory_order_acquire)) throw aborted_error(what);
     const auto deadline = start + options().timeout;
