@@ -126,6 +126,17 @@ TEST_CASE("launch_env: Slurm's variables, with SLURM_NTASKS_PER_NODE or SLURM_TA
   env.set("SLURM_TASKS_PER_NODE", "4(x3)");
   env.set("SLURM_NTASKS", "12");
   CHECK(trident::launch_env::detect().local_size == 4);
+
+  // Neither local variable: one node assumed, and said; the tasks per node alone: refused.
+  ::unsetenv("SLURM_TASKS_PER_NODE");
+  ::unsetenv("SLURM_LOCALID");
+  e = trident::launch_env::detect();
+  CHECK(e.local_rank == 9);
+  CHECK(e.local_size == 12);
+  CHECK(e.source == "Slurm (SLURM_LOCALID and SLURM_(N)TASKS_PER_NODE unset: one node assumed)");
+  env.set("SLURM_NTASKS_PER_NODE", "4");
+  CHECK_THROWS_WITH_AS(trident::launch_env::detect(), doctest::Contains("SLURM_LOCALID is not set but"),
+                       trident::usage_error);
 }
 
 TEST_CASE("launch_env: OpenMPI and torchrun win over the Slurm allocation they run in") {

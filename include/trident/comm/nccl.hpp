@@ -230,6 +230,23 @@ struct launch_env {
     return env;
   }
 
+  // The rank on this node from the launcher's two local variables: both set, or neither (one
+  // node assumed, and said in `source`); one without the other is a usage_error (half_set()).
+  template <class Message>
+  void place_on_node(std::optional<int> node_rank, std::optional<int> node_size, const std::string& names,
+                     Message half_set) {
+    if (node_rank && node_size) {
+      local_rank = *node_rank;
+      local_size = *node_size;
+    } else if (!node_rank && !node_size) {
+      local_rank = rank;
+      local_size = size;
+      source += detail::concat(" (", names, " unset: one node assumed)");
+    } else {
+      throw usage_error(half_set(), "launch_env::detect");
+    }
+  }
+
   // The common shape of OpenMPI's and torchrun's variables.
   static std::optional<launch_env> from_four(const char* launcher, const char* rank_name, const char* size_name,
                                              const char* local_rank_name, const char* local_size_name) {
@@ -241,19 +258,10 @@ struct launch_env {
     const auto local_rank = detail::env_int(local_rank_name);
     const auto local_size = detail::env_int(local_size_name);
     env.source = launcher;
-    if (local_rank && local_size) {
-      env.local_rank = *local_rank;
-      env.local_size = *local_size;
-    } else if (!local_rank && !local_size) {
-      env.local_rank = env.rank;
-      env.local_size = env.size;
-      env.source += detail::concat(" (", local_rank_name, " and ", local_size_name, " unset: one node assumed)");
-    } else {
-      throw usage_error(detail::concat("launch_env: ", local_rank ? local_rank_name : local_size_name,
-                                       " is set but ", local_rank ? local_size_name : local_rank_name,
-                                       " is not; set both or neither"),
-                        "launch_env::detect");
-    }
+    env.place_on_node(local_rank, local_size, detail::concat(local_rank_name, " and ", local_size_name), [&] {
+      return detail::concat("launch_env: ", local_rank ? local_rank_name : local_size_name, " is set but ",
+                            local_rank ? local_size_name : local_rank_name, " is not; set both or neither");
+    });
     return checked(env, rank_name, size_name, local_rank_name, local_size_name);
   }
 
@@ -291,20 +299,12 @@ struct launch_env {
         }
       }
     }
-    if (local_rank && local_size) {
-      env.local_rank = *local_rank;
-      env.local_size = *local_size;
-    } else if (!local_rank && !local_size) {
-      env.local_rank = env.rank;
-      env.local_size = env.size;
-      env.source += " (SLURM_LOCALID and SLURM_(N)TASKS_PER_NODE unset: one node assumed)";
-    } else {
-      throw usage_error(local_rank ? "launch_env: SLURM_LOCALID is set but neither SLURM_NTASKS_PER_NODE nor "
-                                     "SLURM_TASKS_PER_NODE is; the tasks on this node are unknown"
-                                   : "launch_env: SLURM_LOCALID is not set but the tasks per node are; set both or "
-                                     "neither",
-                        "launch_env::detect");
-    }
+    env.place_on_node(local_rank, local_size, "SLURM_LOCALID and SLURM_(N)TASKS_PER_NODE", [&] {
+      return std::string(local_rank ? "launch_env: SLURM_LOCALID is set but neither SLURM_NTASKS_PER_NODE nor "
+                                      "SLURM_TASKS_PER_NODE is; the tasks on this node are unknown"
+                                    : "launch_env: SLURM_LOCALID is not set but the tasks per node are; set both or "
+                                      "neither");
+    });
     return checked(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_size_name);
   }
 };
