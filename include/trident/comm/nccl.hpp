@@ -544,7 +544,8 @@ struct nccl_state {
   // Device pointers already checked with cudaPointerGetAttributes: training loops hand the same
   // buffers to every call, and the check costs ~0.1-0.2 us of host time each time. The limit:
   // an address freed and then allocated again on another device by the same process (one
-  // process driving several GPUs) passes unchecked, and NCCL reports it instead.
+  // process driving several GPUs) reaches NCCL unchecked, as a peer device's memory that the
+  // kernel reads over peer access or faults on.
   std::array<const void*, 8> checked_pointers{};
   std::size_t next_checked = 0;
   std::string aborted_because;
