@@ -8,7 +8,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
-#include "trident/cuda/optim.cuh"
+#include "trident/optim/cuda/step.cuh"
 
 namespace {
 

@@ -13,13 +13,13 @@
 #define TRIDENT_EXAMPLE_NCCL 0
 #endif
 #include <trident/comm/local.hpp>
-#include <trident/zero/zero_optimizer.hpp>
+#include <trident/parallel/data/zero_optimizer.hpp>
 #if TRIDENT_HAS_MPI
 #include <trident/comm/mpi.hpp>
 #endif
 #if TRIDENT_EXAMPLE_NCCL
 #include <trident/comm/nccl.hpp>
-#include <trident/cuda/zero_engine.cuh>
+#include <trident/parallel/data/cuda/zero_engine.cuh>
 #endif
 
 #include <chrono>
@@ -53,7 +53,7 @@ void train(Comm& comm, const settings& s) {
   adamw.opt.lr = 2e-3f;
   zero::zero_options options;
   options.max_grad_norm = 1.0f;
-  zero::zero_optimizer<Stage, trident::optim::adamw, Comm, zero::mixed_precision<trident::bf16>> z(comm, mlp::spec(d), adamw, options);
+  zero::zero_optimizer<Stage, trident::optim::adamw, Comm, trident::mixed_precision<trident::bf16>> z(comm, mlp::spec(d), adamw, options);
   mlp::initialise(z, d);
 
   const std::size_t global_batch = 64;

@@ -10,7 +10,7 @@
 
 #include "trident/comm/communicator.hpp"
 
-#include "trident/zero/flat_layout.hpp"
+#include "trident/model/flat_layout.hpp"
 
 namespace mlp {
 
@@ -18,8 +18,8 @@ struct dims {
   std::size_t in = 12, hidden = 24, out = 4;
 };
 
-inline trident::zero::model_spec spec(const dims& d) {
-  trident::zero::model_spec s;
+inline trident::model_spec spec(const dims& d) {
+  trident::model_spec s;
   s.add("l0.weight", {d.hidden, d.in}, 0).add("l0.bias", {d.hidden}, 0);
   s.add("l1.weight", {d.hidden, d.hidden}, 1).add("l1.bias", {d.hidden}, 1);
   s.add("l2.weight", {d.out, d.hidden}, 2).add("l2.bias", {d.out}, 2);

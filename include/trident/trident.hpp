@@ -1,11 +1,13 @@
-// trident/trident.hpp — the umbrella header: everything that compiles in this build.
+// trident/trident.hpp — the umbrella header: every public host header that compiles in this build.
 //
-// Host-only builds get the host-safe headers; the NCCL and MPI vocabulary headers come in
-// when their component target (trident::nccl, trident::mpi) is linked. CUDA kernels
-// (trident/cuda/*.cuh) are never included from here: include them from .cu files.
+// Always: core, launch (launcher variables, file rendezvous), the communicator front-end with the
+// thread backend and the process grid, the model description, mixed precision, the optimizers,
+// the reference layers and ZeRO. With trident::cuda linked, the host parts of CUDA (select_device,
+// cuBLAS); with trident::mpi / trident::nccl, those communicators. Kernels (`*/cuda/*.cuh`) are
+// never included from here: include them from .cu files.
 //
 //   #include <trident/trident.hpp>
-//   trident::buffer<trident::bf16> w(1024, trident::mem_category::parameters);
+//   trident::local_world::run(2, [](trident::local_comm& comm) { ... });
 #pragma once
 
 #include "trident/core/buffer.hpp"
@@ -17,9 +19,28 @@
 #include "trident/core/memory_ledger.hpp"
 #include "trident/core/memory_space.hpp"
 
-#if TRIDENT_HAS_NCCL
-#include "trident/comm/nccl_base.hpp"
-#endif
+#include "trident/launch/device.hpp"
+#include "trident/launch/launch_env.hpp"
+#include "trident/launch/rendezvous.hpp"
+
+#include "trident/comm/communicator.hpp"
+#include "trident/comm/local.hpp"
+#include "trident/comm/process_grid.hpp"
 #if TRIDENT_HAS_MPI
-#include "trident/comm/mpi_base.hpp"
+#include "trident/comm/mpi.hpp"
 #endif
+#if TRIDENT_HAS_NCCL
+#include "trident/comm/nccl.hpp"
+#endif
+
+#include "trident/model/flat_layout.hpp"
+#include "trident/precision/mixed_precision.hpp"
+#include "trident/optim/optimizers.hpp"
+
+#include "trident/nn/activation.hpp"
+#include "trident/nn/cuda/cublas.hpp"
+#include "trident/nn/gemm.hpp"
+#include "trident/nn/linear.hpp"
+#include "trident/nn/loss.hpp"
+
+#include "trident/parallel/data/zero_optimizer.hpp"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
-#include "trident/zero/zero_optimizer.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
 
 template <class Space>
 struct stand_in : trident::collectives<stand_in<Space>, Space> {
@@ -37,7 +37,7 @@ void cases(stand_in<trident::host_space>& host_comm, stand_in<trident::cuda_spac
   std::vector<double> doubles(4);
   host_comm.all_reduce(host_vector, doubles);
 #elif defined(CASE_zero_stage_4)
-  trident::zero::model_spec spec;
+  trident::model_spec spec;
   trident::zero::zero_optimizer<4, trident::optim::sgd, stand_in<trident::host_space>> z(host_comm, spec, {});
 #else  // the control: the right memory compiles
   host_comm.all_reduce(host_vector);

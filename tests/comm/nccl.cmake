@@ -1,5 +1,5 @@
 # The NCCL communicator.
-#   comm.nccl_env        launcher variables and the shared-file bootstrap: no GPU needed
+#   comm.nccl_host       the reduction mapping, type properties, the id's file bootstrap: no GPU
 #   comm.nccl_bootstrap  the shared-file bootstrap between real processes started with torchrun's
 #                        or Slurm's variables (no mpirun): one id everywhere; with a GPU also one
 #                        communicator and an all-reduce
@@ -9,8 +9,7 @@
 # The GPU tests exit 77 (skipped) when no CUDA device is visible, on every rank.
 if(TARGET trident::nccl)
   find_package(Threads REQUIRED)
-  trident_add_test(comm.nccl_env SOURCES comm/test_nccl_env.cpp LIBRARIES trident::nccl Threads::Threads
-                   LABELS comm nccl)
+  trident_add_test(comm.nccl_host SOURCES comm/test_nccl_host.cpp LIBRARIES trident::nccl LABELS comm nccl)
   add_executable(nccl_bootstrap_worker comm/nccl_bootstrap_worker.cpp)
   target_link_libraries(nccl_bootstrap_worker PRIVATE trident::nccl)
   trident_strict_warnings(nccl_bootstrap_worker)

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "trident/comm/mpi_base.hpp"
+#include "trident/comm/mpi/base.hpp"
 
 using trident::dtype;
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "trident/comm/nccl_base.hpp"
+#include "trident/comm/nccl/base.hpp"
 
 TEST_CASE("every dtype maps to the NCCL datatype of the same element") {
   using trident::dtype;

@@ -8,7 +8,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/half.hpp"
-#include "trident/cuda/convert.cuh"
+#include "trident/core/cuda/convert.cuh"
 
 using trident::mem_category;
 using trident::space_kind;

@@ -12,7 +12,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/half.hpp"
-#include "trident/cuda/convert.cuh"
+#include "trident/core/cuda/convert.cuh"
 
 using trident::bf16;
 using trident::fp16;

@@ -14,8 +14,8 @@
 #include "support/random.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/nn/activation.hpp"
-#include "trident/nn/cublas.hpp"
-#include "trident/nn/layers.cuh"
+#include "trident/nn/cuda/cublas.hpp"
+#include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
 

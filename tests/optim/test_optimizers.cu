@@ -16,7 +16,7 @@
 #include "support/random.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/half.hpp"
-#include "trident/cuda/optim.cuh"
+#include "trident/optim/cuda/step.cuh"
 #include "trident/optim/optimizers.hpp"
 
 namespace optim = trident::optim;

@@ -19,7 +19,7 @@ file(REMOVE_RECURSE "${WORK}")
 if(MODE STREQUAL "install")
   run(${CMAKE_COMMAND} --install "${BINARY_DIR}" --prefix "${WORK}/prefix")
   # The installed tree: headers, the package files, nothing built for tests.
-  foreach(expected include/trident/trident.hpp include/trident/core/half.hpp include/trident/cuda/convert.cuh
+  foreach(expected include/trident/trident.hpp include/trident/core/half.hpp include/trident/core/cuda/convert.cuh
                    share/cmake/trident/tridentConfig.cmake share/cmake/trident/tridentConfigVersion.cmake
                    share/cmake/trident/tridentTargets.cmake share/cmake/trident/tridentComponents.cmake
                    share/cmake/trident/FindNCCL.cmake share/doc/trident/LICENSE)

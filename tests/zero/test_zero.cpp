@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "trident/comm/local.hpp"
-#include "trident/zero/zero_optimizer.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
 #include "zero/zero_training.hpp"
 
 using trident::local_comm;
@@ -23,7 +23,7 @@ using zero_training::relative_difference;
 using zero_training::small_buckets;
 
 // Trains `steps` steps on n thread ranks; returns rank 0's full fp32 parameters.
-template <int Stage, class Opt, class Precision = zero::full_precision>
+template <int Stage, class Opt, class Precision = trident::full_precision>
 std::vector<float> train(int n, Opt opt, int steps, zero::zero_options options = small_buckets()) {
   const mlp::dims d;
   auto result = local_world::run(n, [&](local_comm& comm) {
@@ -60,7 +60,7 @@ void check_equivalence(Opt opt, const char* name) {
   const mlp::dims d;
   const auto spec = mlp::spec(d);
   auto by_name = [&](const std::vector<float>& full, int n) {
-    const zero::flat_layout layout(spec, n, small_buckets().bucket_bytes / sizeof(float), small_buckets().first_bucket_bytes / sizeof(float));
+    const trident::flat_layout layout(spec, n, small_buckets().bucket_bytes / sizeof(float), small_buckets().first_bucket_bytes / sizeof(float));
     std::vector<float> out;
     for (const auto& t : spec.tensors()) {
       const auto& p = layout.find(t.name);
@@ -92,9 +92,9 @@ TEST_CASE("zero: the same with AdamW") { check_equivalence(adamw(), "adamw"); }
 
 TEST_CASE("zero: the stage must be 0-3 (compile-time) and the model must make sense (run-time)") {
   local_world::run(1, [](local_comm& comm) {
-    zero::model_spec empty;
+    trident::model_spec empty;
     CHECK_THROWS_AS((zero::zero_optimizer<1, optim::sgd, local_comm>(comm, empty, optim::sgd{})), trident::usage_error);
-    zero::model_spec spec = mlp::spec({});
+    trident::model_spec spec = mlp::spec({});
     zero::zero_optimizer<2, optim::sgd, local_comm> z(comm, spec, optim::sgd{});
     CHECK_THROWS_WITH_AS(z.set_parameter("l0.bias", std::vector<float>(3)), doctest::Contains("expected 24"), trident::usage_error);
     CHECK_THROWS_WITH_AS((void)z.gradients("nope"), doctest::Contains("no tensor named 'nope'"), trident::usage_error);
@@ -115,7 +115,7 @@ void check_memory(int n) {
     options.bucket_bytes = 16 << 10;
     options.first_bucket_bytes = 4 << 10;
     options.persistence_threshold = 0;
-    zero::zero_optimizer<Stage, optim::adamw, local_comm, zero::mixed_precision<trident::bf16>> z(comm, mlp::spec(d), adamw(), options);
+    zero::zero_optimizer<Stage, optim::adamw, local_comm, trident::mixed_precision<trident::bf16>> z(comm, mlp::spec(d), adamw(), options);
     mlp::initialise(z, d);
     const std::size_t rows = 16 / static_cast<std::size_t>(n);
     mlp::train_step(z, d, static_cast<std::size_t>(comm.rank()) * rows, rows, rows);
@@ -150,7 +150,7 @@ TEST_CASE("zero: per-rank bytes match the ZeRO paper's formulas (mixed-precision
 TEST_CASE("zero: an inf gradient on one rank skips the step on every rank; the scale halves after hysteresis") {
   const mlp::dims d;
   local_world::run(3, [&](local_comm& comm) {
-    zero::zero_optimizer<2, optim::adamw, local_comm, zero::mixed_precision<trident::fp16>> z(comm, mlp::spec(d), adamw(), small_buckets());
+    zero::zero_optimizer<2, optim::adamw, local_comm, trident::mixed_precision<trident::fp16>> z(comm, mlp::spec(d), adamw(), small_buckets());
     mlp::initialise(z, d);
     const auto before = z.full_master();
     CHECK(z.loss_scale() == 65536.0f);
@@ -173,9 +173,9 @@ TEST_CASE("zero: an inf gradient on one rank skips the step on every rank; the s
 }
 
 TEST_CASE("zero: dynamic loss scaler follows DeepSpeed (window, hysteresis, minimum)") {
-  zero::dynamic_loss_scaler::options o;
+  trident::dynamic_loss_scaler::options o;
   o.window = 3;
-  zero::dynamic_loss_scaler s(o);
+  trident::dynamic_loss_scaler s(o);
   CHECK(s.scale() == 65536.0f);
   CHECK(s.update(false));  // iteration 0: (0 - -1) % 3 != 0
   CHECK(s.update(false));
@@ -190,15 +190,15 @@ TEST_CASE("zero: dynamic loss scaler follows DeepSpeed (window, hysteresis, mini
   CHECK(s.scale() == 65536.0f);
   CHECK(s.update(false));  // three clean steps since the last overflow
   CHECK(s.scale() == 131072.0f);
-  zero::dynamic_loss_scaler::options tiny;
+  trident::dynamic_loss_scaler::options tiny;
   tiny.initial_scale = 2.0f;
   tiny.hysteresis = 1;
-  zero::dynamic_loss_scaler m(tiny);
+  trident::dynamic_loss_scaler m(tiny);
   m.update(true);
   m.update(true);
   m.update(true);
   CHECK(m.scale() == 1.0f);  // never below min_scale
-  CHECK_THROWS_AS(zero::dynamic_loss_scaler(zero::dynamic_loss_scaler::options{0.0f}), trident::usage_error);
+  CHECK_THROWS_AS(trident::dynamic_loss_scaler(trident::dynamic_loss_scaler::options{0.0f}), trident::usage_error);
 }
 
 TEST_CASE("zero: bf16 and fp16 training reach the fp32 loss within 2% after 200 steps") {
@@ -222,9 +222,9 @@ TEST_CASE("zero: bf16 and fp16 training reach the fp32 loss within 2% after 200 
     });
     return losses[0];
   };
-  const double fp32 = final_loss(zero::full_precision{});
-  const double bf16 = final_loss(zero::mixed_precision<trident::bf16>{});
-  const double fp16 = final_loss(zero::mixed_precision<trident::fp16>{});
+  const double fp32 = final_loss(trident::full_precision{});
+  const double bf16 = final_loss(trident::mixed_precision<trident::bf16>{});
+  const double fp16 = final_loss(trident::mixed_precision<trident::fp16>{});
   std::printf("loss after 200 steps: fp32 %.6f, bf16 %.6f, fp16 %.6f\n", fp32, bf16, fp16);
   CHECK(fp32 < 0.05);  // it learned something
   CHECK(std::fabs(bf16 - fp32) <= 0.02 * fp32);
@@ -234,7 +234,7 @@ TEST_CASE("zero: bf16 and fp16 training reach the fp32 loss within 2% after 200 
 TEST_CASE("zero: sharded<T> partitions with padding and round-trips through the collectives") {
   for (int n = 1; n <= 5; ++n)
     local_world::run(n, [&](local_comm& comm) {
-      zero::sharded<float> w(10, comm.rank(), comm.size(), trident::mem_category::parameters);
+      trident::sharded<float> w(10, comm.rank(), comm.size(), trident::mem_category::parameters);
       CHECK(w.padded_size() % static_cast<std::size_t>(n) == 0);
       CHECK(w.padded_size() - w.size() < static_cast<std::size_t>(n));
       for (std::size_t i = 0; i < w.shard_size(); ++i) w.shard()[i] = static_cast<float>(w.shard_begin() + i);
@@ -263,8 +263,8 @@ TEST_CASE("zero: global-norm clipping across shards matches single-rank clipping
     // Same tensors, different padding: compare parameter by parameter.
     const mlp::dims d;
     const auto spec = mlp::spec(d);
-    const zero::flat_layout one(spec, 1, clipped.bucket_bytes / sizeof(float), clipped.first_bucket_bytes / sizeof(float));
-    const zero::flat_layout many(spec, n, clipped.bucket_bytes / sizeof(float), clipped.first_bucket_bytes / sizeof(float));
+    const trident::flat_layout one(spec, 1, clipped.bucket_bytes / sizeof(float), clipped.first_bucket_bytes / sizeof(float));
+    const trident::flat_layout many(spec, n, clipped.bucket_bytes / sizeof(float), clipped.first_bucket_bytes / sizeof(float));
     std::vector<float> a, b;
     for (const auto& t : spec.tensors()) {
       const auto& p = one.find(t.name);

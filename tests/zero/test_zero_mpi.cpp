@@ -11,7 +11,7 @@
 #include "support/mpi_main.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/mpi.hpp"
-#include "trident/zero/zero_optimizer.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
 #include "zero/zero_training.hpp"
 
 namespace zero = trident::zero;

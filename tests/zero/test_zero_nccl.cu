@@ -15,7 +15,7 @@
 #include "support/nccl_mpi_main.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/nccl.hpp"
-#include "trident/cuda/zero_engine.cuh"
+#include "trident/parallel/data/cuda/zero_engine.cuh"
 
 namespace zero = trident::zero;
 namespace optim = trident::optim;
@@ -44,17 +44,17 @@ TEST_CASE("zero over NCCL: stages 0-3 = one rank on the global batch (SGD moment
   optim::sgd sgd;
   sgd.opt.lr = 0.05f;
   sgd.opt.momentum = 0.9f;
-  check<zero::full_precision>(sgd, "sgd", 1e-5);
+  check<trident::full_precision>(sgd, "sgd", 1e-5);
   optim::adamw adamw;
   adamw.opt.lr = 3e-3f;
-  check<zero::full_precision>(adamw, "adamw", 1e-5);
+  check<trident::full_precision>(adamw, "adamw", 1e-5);
 }
 
 TEST_CASE("zero over NCCL: bf16 mixed precision stays close to the host's bf16 run") {
   optim::adamw adamw;
   adamw.opt.lr = 3e-3f;
   // NCCL sums bf16 in its own order and precision, so this is a closeness check, not 1e-5.
-  check<zero::mixed_precision<trident::bf16>>(adamw, "adamw bf16", 2e-2);
+  check<trident::mixed_precision<trident::bf16>>(adamw, "adamw bf16", 2e-2);
 }
 
 int main(int argc, char** argv) { return test_support::nccl_mpi_doctest_main(argc, argv, world); }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "mlp.hpp"
-#include "trident/zero/zero_optimizer.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
 
 namespace zero_training {
 
@@ -32,7 +32,7 @@ inline double relative_difference(const std::vector<float>& a, const std::vector
 
 //! The parameters after `steps` steps on the global batch split over comm's ranks, tensor by
 //! tensor in model order (so runs with different padding compare directly).
-template <int Stage, class Opt, class Precision = trident::zero::full_precision, class Comm>
+template <int Stage, class Opt, class Precision = trident::full_precision, class Comm>
 std::vector<float> by_name(Comm& comm, Opt opt, int steps) {
   const mlp::dims d;
   const auto spec = mlp::spec(d);

@@ -51,7 +51,7 @@
 
 #include "trident/comm/communicator.hpp"
 #include "trident/comm/host_reduce.hpp"
-#include "trident/comm/mpi_base.hpp"
+#include "trident/comm/mpi/base.hpp"
 #include "trident/core/dtype.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"

@@ -9,7 +9,7 @@
 //
 // A communicator or a checkpoint needs the element type as a run-time value (NCCL and MPI take
 // a datatype argument; a file records it). The mapping to ncclDataType_t is in
-// comm/nccl_base.hpp and to MPI_Datatype in comm/mpi_base.hpp, so this header needs neither.
+// comm/nccl/base.hpp and to MPI_Datatype in comm/mpi/base.hpp, so this header needs neither.
 //
 // Opting in: a type becomes an element type by specialising dtype_traits<T> with a
 // `static constexpr dtype value` whose size matches sizeof(T).

@@ -5,13 +5,14 @@
 //   class usage_error;    the caller passed something wrong (size, shape, group, rank, ...)
 //   class cuda_error;     a CUDA runtime call failed (status = cudaError_t)
 //   class nccl_error;     an NCCL call failed (status = ncclResult_t)
+//   class cublas_error;   a cuBLAS call failed (status = cublasStatus_t)
 //   class mpi_error;      an MPI call failed (status = MPI error code)
 //   TRIDENT_EXPECT(cond, parts...)   throws usage_error built from parts... when !cond
 //
 // Library code never calls exit() or abort(): every failure is one of these exceptions, carrying
 // what was attempted and where, so a trainer can log it, checkpoint, or tear its ranks down.
 // The check macros for CUDA, NCCL and MPI calls live beside their dependency
-// (core/cuda_runtime.hpp, comm/nccl_base.hpp, comm/mpi_base.hpp) so this header needs none.
+// (core/cuda_runtime.hpp, comm/nccl/base.hpp, comm/mpi/base.hpp) so this header needs none.
 #pragma once
 
 #include <source_location>
@@ -127,6 +128,14 @@ class nccl_error : public status_error {
   nccl_error(int status, std::string_view message, std::string_view operation = {},
              std::source_location where = std::source_location::current())
       : status_error("NCCL error", status, message, operation, where) {}
+};
+
+//! A cuBLAS call failed; status() is the cublasStatus_t value.
+class cublas_error : public status_error {
+ public:
+  cublas_error(int status, std::string_view message, std::string_view operation = {},
+               std::source_location where = std::source_location::current())
+      : status_error("cuBLAS error", status, message, operation, where) {}
 };
 
 //! An MPI call failed; status() is the MPI error code.

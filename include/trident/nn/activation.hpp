@@ -8,7 +8,7 @@
 //     static void backward(std::span<const float> x, std::span<const float> dy, std::span<float> dx)
 //
 // backward takes forward's *input* x. y may alias x and dx may alias dy (element i only reads
-// element i). The element functions are shared with the CUDA kernels in nn/layers.cuh, so host
+// element i). The element functions are shared with the CUDA kernels in nn/cuda/layers.cuh, so host
 // and device evaluate the same formulas (tanhf may differ by an ulp or two between libm and CUDA).
 #pragma once
 

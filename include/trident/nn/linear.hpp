@@ -31,7 +31,7 @@ namespace trident::nn {
 
 namespace detail {
 
-// Size checks shared by the host layer and the CUDA one (nn/layers.cuh).
+// Size checks shared by the host layer and the CUDA one (nn/cuda/layers.cuh).
 inline void check_linear_forward(const char* who, std::size_t batch, std::size_t in, std::size_t out,
                                  std::size_t x, std::size_t w, std::size_t b, std::size_t y) {
   TRIDENT_EXPECT(x == batch * in, who, ": x has ", x, " elements, expected [batch=", batch, ", in=", in, "] = ",

@@ -6,7 +6,7 @@
 //     struct adam  { struct options; options opt; state_count = 2 (exp_avg, exp_avg_sq); step(...) }
 //     struct adamw { same as adam, weight decay decoupled (default 1e-2) }
 //     concept optimizer<O>                 how a type opts in (see below)
-//     concept elementwise_optimizer<O>     + visit_update: what the CUDA step (cuda/optim.cuh) needs
+//     concept elementwise_optimizer<O>     + visit_update: what the CUDA step (optim/cuda/step.cuh) needs
 //     struct grad_stats { double sum_squares; bool finite; }
 //     grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1)
 //     float clip_multiplier(double global_norm, float max_norm)
@@ -26,7 +26,7 @@
 // scalars (bias corrections, step size) are computed in double like Python does and rounded to
 // float once, the element-wise arithmetic is float, each operation rounded as the PyTorch
 // kernels round it. The same element functions run on the host and in the CUDA kernels
-// (cuda/optim.cuh), where every operation is an explicitly rounded intrinsic (no FMA
+// (optim/cuda/step.cuh), where every operation is an explicitly rounded intrinsic (no FMA
 // contraction), so host and device agree bitwise unless the host compiler contracts into FMA
 // (it does not on x86-64 without -mfma) — within an ulp or two otherwise.
 //

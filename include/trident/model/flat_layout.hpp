@@ -22,12 +22,12 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 
-namespace trident::zero {
+namespace trident {
 
 //! The parameters of a model: name, shape and the layer that uses them (layers are numbered in
 //! forward order; ZeRO-3 gathers parameters layer by layer, and buckets never split a layer).
 //!
-//!   trident::zero::model_spec spec;
+//!   trident::model_spec spec;
 //!   spec.add("fc1.weight", {256, 784}, 0).add("fc1.bias", {256}, 0).add("fc2.weight", {10, 256}, 1);
 class model_spec {
  public:
@@ -173,7 +173,7 @@ class flat_layout {
 //! A flat array of `size()` elements partitioned over a group of `ranks`: padded to a multiple
 //! of ranks, each rank holding one contiguous shard.
 //!
-//!   trident::zero::sharded<float> w(1000, comm.rank(), comm.size(), trident::mem_category::parameters);
+//!   trident::sharded<float> w(1000, comm.rank(), comm.size(), trident::mem_category::parameters);
 //!   std::vector<float> full(w.padded_size());
 //!   w.all_gather(comm, full);                            // every rank: all shards in order
 //!   w.reduce_scatter(comm, full, trident::reduce_op::avg);
@@ -225,4 +225,4 @@ class sharded {
   buffer<T, Space> shard_;
 };
 
-}  // namespace trident::zero
+}  // namespace trident

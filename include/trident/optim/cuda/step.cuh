@@ -1,4 +1,4 @@
-// trident/cuda/optim.cuh — the fused optimizer step and gradient statistics on the device.
+// trident/optim/cuda/step.cuh — the fused optimizer step and gradient statistics on the device.
 // trident-requires: nvcc
 //
 // Synopsis
@@ -23,7 +23,7 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "trident/cuda/optim.cuh is for CUDA translation units: compile this file with nvcc"
+#error "trident/optim/cuda/step.cuh is for CUDA translation units: compile this file with nvcc"
 #endif
 
 #include <array>
@@ -37,7 +37,7 @@
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
 #include "trident/core/memory_space.hpp"
-#include "trident/cuda/convert.cuh"
+#include "trident/core/cuda/convert.cuh"
 #include "trident/optim/optimizers.hpp"
 
 namespace trident::cuda {

@@ -5,20 +5,20 @@
 // Include it (from a .cu file) to use zero_optimizer with nccl_comm.
 //
 //   #include <trident/comm/nccl.hpp>
-//   #include <trident/cuda/zero_engine.cuh>
+//   #include <trident/parallel/data/cuda/zero_engine.cuh>
 //   trident::zero::zero_optimizer<2, trident::optim::adamw, trident::nccl_comm,
-//                                 trident::zero::mixed_precision<trident::bf16>> zero(comm, spec, adamw);
+//                                 trident::mixed_precision<trident::bf16>> zero(comm, spec, adamw);
 #if !defined(__CUDACC__)
-#error "trident/cuda/zero_engine.cuh contains CUDA kernels: compile this translation unit with nvcc"
+#error "trident/parallel/data/cuda/zero_engine.cuh contains CUDA kernels: compile this translation unit with nvcc"
 #endif
 
 #include <array>
 #include <cstdint>
 
 #include "trident/core/cuda_runtime.hpp"
-#include "trident/cuda/convert.cuh"
-#include "trident/cuda/optim.cuh"
-#include "trident/zero/zero_optimizer.hpp"
+#include "trident/core/cuda/convert.cuh"
+#include "trident/optim/cuda/step.cuh"
+#include "trident/parallel/data/zero_optimizer.hpp"
 
 namespace trident::zero {
 

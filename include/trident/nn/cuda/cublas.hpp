@@ -1,7 +1,6 @@
-// trident/nn/cublas.hpp — cuBLAS for the CUDA reference layers: errors, a handle, a row-major GEMM.
+// trident/nn/cuda/cublas.hpp — cuBLAS for the CUDA reference layers: errors, a handle, a row-major GEMM.
 //
 // Synopsis (only with TRIDENT_HAS_CUDA: link trident::cuda, or compile with nvcc)
-//   class cublas_error;                    a cuBLAS call failed (status = cublasStatus_t)
 //   TRIDENT_CUBLAS_CHECK(call)             throws cublas_error naming the call when it fails
 //   class cublas_handle;                   RAII cublasHandle_t: move-only, FP32 math (no TF32)
 //     get(), operator cublasHandle_t()
@@ -12,7 +11,7 @@
 //
 // Host code: this header needs the CUDA toolkit's headers and cuBLAS, not nvcc, so a plain C++
 // translation unit linking trident::cuda can use it; without CUDA it declares nothing (like
-// core/cuda_runtime.hpp). The kernels of the CUDA layers are in nn/layers.cuh (nvcc only).
+// core/cuda_runtime.hpp). The kernels of the CUDA layers are in nn/cuda/layers.cuh (nvcc only).
 //
 // cuBLAS is column-major; a row-major matrix is its column-major transpose, so
 // C = op(A) op(B) (row-major) is computed as C^T = op(B)^T op(A)^T (column-major): the operands
@@ -39,14 +38,6 @@
 #include "trident/nn/gemm.hpp"
 
 namespace trident {
-
-//! A cuBLAS call failed; status() is the cublasStatus_t value.
-class cublas_error : public status_error {
- public:
-  cublas_error(int status, std::string_view message, std::string_view operation = {},
-               std::source_location where = std::source_location::current())
-      : status_error("cuBLAS error", status, message, operation, where) {}
-};
 
 namespace detail {
 

@@ -45,14 +45,14 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/optim/optimizers.hpp"
-#include "trident/zero/flat_layout.hpp"
-#include "trident/zero/mixed_precision.hpp"
+#include "trident/model/flat_layout.hpp"
+#include "trident/precision/mixed_precision.hpp"
 
 namespace trident::zero {
 
 //! Where the element-wise work of a step runs: the gradient statistics, the optimizer update and
 //! the accumulation of reduced gradient pieces. Specialised per memory space; the host engine is
-//! below, the CUDA one in trident/cuda/zero_engine.cuh (include it to use cuda_space
+//! below, the CUDA one in trident/parallel/data/cuda/zero_engine.cuh (include it to use cuda_space
 //! communicators such as nccl_comm). Work is ordered on the communicator's stream, if it has one.
 template <memory_space Space>
 struct engine;
@@ -98,7 +98,7 @@ class zero_optimizer {
   static_assert(Stage >= 0 && Stage <= 3, "zero_optimizer<Stage, ...>: Stage must be 0, 1, 2 or 3 (the ZeRO stages)");
   static_assert(requires { sizeof(engine<typename Comm::space>); },
                 "zero_optimizer: no engine for this communicator's memory space; for cuda_space (nccl_comm) include "
-                "<trident/cuda/zero_engine.cuh> (compiled by nvcc)");
+                "<trident/parallel/data/cuda/zero_engine.cuh> (compiled by nvcc)");
 
  public:
   using space = typename Comm::space;

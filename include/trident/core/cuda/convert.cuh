@@ -1,4 +1,4 @@
-// trident/cuda/convert.cuh — element-type conversion on the device (fp32 <-> fp16/bf16, ...).
+// trident/core/cuda/convert.cuh — element-type conversion on the device (fp32 <-> fp16/bf16, ...).
 // trident-requires: nvcc
 //
 // Synopsis
@@ -11,7 +11,7 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "trident/cuda/convert.cuh is for CUDA translation units: compile this file with nvcc"
+#error "trident/core/cuda/convert.cuh is for CUDA translation units: compile this file with nvcc"
 #endif
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// trident/comm/nccl_base.hpp — NCCL's vocabulary in trident's terms: datatypes and the check macro.
+// trident/comm/nccl/base.hpp — NCCL's vocabulary in trident's terms: datatypes and the check macro.
 // trident-requires: nccl
 //
 // Synopsis
@@ -12,7 +12,7 @@
 #include "trident/core/config.hpp"
 
 #if !TRIDENT_HAS_NCCL
-#error "trident/comm/nccl_base.hpp needs NCCL: link the trident::nccl target (it defines TRIDENT_HAS_NCCL=1)"
+#error "trident/comm/nccl/base.hpp needs NCCL: link the trident::nccl target (it defines TRIDENT_HAS_NCCL=1)"
 #endif
 
 #include <nccl.h>

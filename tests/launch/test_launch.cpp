@@ -1,5 +1,5 @@
-// The NCCL backend's host-side parts, which need no GPU: what the launcher says (launch_env)
-// and the shared-file bootstrap of the unique id (with fake id bytes, so no NCCL call is made).
+// launch/: what the launcher says (launch_env) and the shared-file rendezvous (with a fake
+// 128-byte token the size of an NCCL unique id). Host-only: no CUDA, NCCL or MPI.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -11,7 +11,8 @@
 #include <thread>
 #include <unistd.h>
 
-#include "trident/comm/nccl.hpp"
+#include "trident/launch/launch_env.hpp"
+#include "trident/launch/rendezvous.hpp"
 
 namespace {
 
@@ -214,18 +215,9 @@ TEST_CASE("launch_env: a partial launcher is an error naming what is missing, no
   CHECK_THROWS_WITH_AS(trident::launch_env::detect(), doctest::Contains("lists only 2 nodes"), trident::usage_error);
 }
 
-TEST_CASE("reduce_op maps to NCCL's reductions") {
-  static_assert(trident::to_nccl(trident::reduce_op::sum) == ncclSum);
-  static_assert(trident::to_nccl(trident::reduce_op::avg) == ncclAvg);
-  static_assert(trident::to_nccl(trident::reduce_op::max) == ncclMax);
-  static_assert(trident::to_nccl(trident::reduce_op::min) == ncclMin);
-  static_assert(trident::to_nccl(trident::reduce_op::prod) == ncclProd);
-  CHECK(trident::to_nccl(trident::reduce_op::avg) == ncclAvg);
-}
-
 namespace {
 struct fake_id {
-  std::array<unsigned char, sizeof(ncclUniqueId)> bytes;
+  std::array<unsigned char, 128> bytes;
 };
 fake_id make_fake_id() {
   fake_id id{};
@@ -246,7 +238,7 @@ TEST_CASE("file bootstrap: rank 0 publishes, a rank started earlier waits and re
   CHECK(made.bytes == make_fake_id().bytes);
   CHECK(seen.bytes == made.bytes);
   // Written atomically: the temporary file is gone, the file has exactly the id's size.
-  CHECK(std::filesystem::file_size(path) == sizeof(ncclUniqueId));
+  CHECK(std::filesystem::file_size(path) == 128);
   for (const auto& entry : std::filesystem::directory_iterator(path.parent_path()))
     CHECK(entry.path().filename().string().find(path.filename().string() + ".tmp") == std::string::npos);
   // A rank arriving after rank 0 finds the file at once.
@@ -259,7 +251,7 @@ TEST_CASE("file bootstrap: a missing file is an error naming the path and the ti
   const auto path = fresh_path("never");
   const auto started = std::chrono::steady_clock::now();
   try {
-    (void)trident::nccl_unique_id_from_file(path, 1, std::chrono::milliseconds(120));  // rank 1: no NCCL call
+    (void)trident::share_via_file<fake_id>(path, 1, std::chrono::milliseconds(120), make_fake_id);  // rank 1 waits
     FAIL("no error although the file never appeared");
   } catch (const trident::error& e) {
     const std::string what = e.what();
@@ -273,20 +265,8 @@ TEST_CASE("file bootstrap: a file of the wrong size is refused, not read as an i
   const auto path = fresh_path("short");
   const std::array<std::byte, 5> junk{};
   trident::publish_file(path, junk);
-  CHECK_THROWS_WITH_AS((void)trident::nccl_unique_id_from_file(path, 2, std::chrono::seconds(1)),
+  CHECK_THROWS_WITH_AS((void)trident::share_via_file<fake_id>(path, 2, std::chrono::seconds(1), make_fake_id),
                        doctest::Contains("has 5 bytes, expected 128"), trident::error);
-  CHECK_THROWS_AS((void)trident::nccl_unique_id_from_file(path, -1, std::chrono::seconds(1)), trident::usage_error);
+  CHECK_THROWS_AS((void)trident::share_via_file<fake_id>(path, -1, std::chrono::seconds(1), make_fake_id), trident::usage_error);
   std::filesystem::remove(path);
-}
-
-TEST_CASE("nccl_comm models the communicator concept, over cuda_space") {
-  static_assert(trident::communicator<trident::nccl_comm>);
-  static_assert(std::is_same_v<trident::nccl_comm::space, trident::cuda_space>);
-  static_assert(!std::is_copy_constructible_v<trident::nccl_comm>);
-  static_assert(!std::is_copy_constructible_v<trident::nccl_comm::request>);
-  static_assert(std::is_nothrow_move_constructible_v<trident::nccl_comm>);
-  const trident::nccl_options defaults;
-  CHECK(defaults.timeout == std::chrono::minutes(5));
-  CHECK_FALSE(defaults.host_id_per_rank);
-  CHECK(defaults.stream == nullptr);
 }

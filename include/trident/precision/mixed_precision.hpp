@@ -19,7 +19,7 @@
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
 
-namespace trident::zero {
+namespace trident {
 
 template <class S>
 concept loss_scaler = requires(S& s, const S& cs, bool overflow) {
@@ -31,7 +31,7 @@ concept loss_scaler = requires(S& s, const S& cs, bool overflow) {
 //! defaults and semantics. update(overflow) is called once per step with the overflow verdict
 //! agreed by all ranks; it returns whether the step is applied (false: skip it).
 //!
-//!   trident::zero::dynamic_loss_scaler scaler;          // 65536
+//!   trident::dynamic_loss_scaler scaler;          // 65536
 //!   loss_gradient *= scaler.scale();                     // before backward
 //!   bool apply = scaler.update(any_rank_overflowed);     // after the gradients are checked
 struct dynamic_loss_scaler {
@@ -101,4 +101,4 @@ struct mixed_precision {
 //! No mixed precision: fp32 weights and gradients, no master copy, no loss scaling.
 using full_precision = mixed_precision<float>;
 
-}  // namespace trident::zero
+}  // namespace trident

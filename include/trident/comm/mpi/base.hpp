@@ -1,4 +1,4 @@
-// trident/comm/mpi_base.hpp — MPI's vocabulary in trident's terms: datatypes and the check macro.
+// trident/comm/mpi/base.hpp — MPI's vocabulary in trident's terms: datatypes and the check macro.
 // trident-requires: mpi
 //
 // Synopsis
@@ -16,7 +16,7 @@
 #include "trident/core/config.hpp"
 
 #if !TRIDENT_HAS_MPI
-#error "trident/comm/mpi_base.hpp needs MPI: link the trident::mpi target (it defines TRIDENT_HAS_MPI=1)"
+#error "trident/comm/mpi/base.hpp needs MPI: link the trident::mpi target (it defines TRIDENT_HAS_MPI=1)"
 #endif
 
 #include <mpi.h>

@@ -1,4 +1,4 @@
-// trident/nn/layers.cuh — the reference layers on the GPU: linear (cuBLAS), activations, losses.
+// trident/nn/cuda/layers.cuh — the reference layers on the GPU: linear (cuBLAS), activations, losses.
 // trident-requires: nvcc
 //
 // Synopsis (namespace trident::nn::cuda; device memory as device_span, work on `stream`)
@@ -19,13 +19,13 @@
 // (one float) so a training step never synchronises. A target outside [0, classes) cannot be
 // thrown from a kernel: it makes that row's loss and gradients NaN.
 //
-// Deterministic: GEMMs are cuBLAS SGEMM in FP32 (see nn/cublas.hpp); bias gradients sum rows in
+// Deterministic: GEMMs are cuBLAS SGEMM in FP32 (see nn/cuda/cublas.hpp); bias gradients sum rows in
 // order, one thread per column; the loss reductions run in one block over a fixed tree, in
 // double. No atomics.
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "trident/nn/layers.cuh is for CUDA translation units: compile this file with nvcc"
+#error "trident/nn/cuda/layers.cuh is for CUDA translation units: compile this file with nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -37,7 +37,7 @@
 #include "trident/core/cuda_runtime.hpp"
 #include "trident/core/error.hpp"
 #include "trident/nn/activation.hpp"
-#include "trident/nn/cublas.hpp"
+#include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
