@@ -93,9 +93,12 @@ template <class T>
 bool close(double got, double want, reduce_op op) {
   if (op != reduce_op::avg || std::is_integral_v<T>) return got == want;
   // avg = sum / n rounded once or twice in T: allow a couple of units in the last place of T.
+  // fp16/bf16 scale each input by 1/n first (so sums cannot overflow) and round every partial
+  // sum: about one unit in the last place per rank.
   const double eps = std::is_same_v<T, double> ? 1e-15 : std::is_same_v<T, float> ? 1e-6
-                     : std::is_same_v<T, trident::bf16> ? 1e-2 : 2e-3;
-  return std::fabs(got - want) <= eps * std::max(1.0, std::fabs(want));
+                     : std::is_same_v<T, trident::bf16> ? 8e-3 : 1e-3;
+  const double ranks = std::is_same_v<T, trident::bf16> || std::is_same_v<T, trident::fp16> ? 8.0 : 1.0;
+  return std::fabs(got - want) <= eps * ranks * std::max(1.0, std::fabs(want));
 }
 
 template <class T>
@@ -485,6 +488,68 @@ void mismatched_counts(C& comm) {
   trident::buffer<float, typename C::space> same(8);
   CHECK_THROWS_WITH_AS(comm.broadcast(same, comm.rank() == 0 ? 1 : 0), doctest::Contains("root"), trident::usage_error);
   comm.all_reduce(same);
+}
+
+//! avg over fp16/bf16 must not overflow where the average itself fits: every rank holds 30000
+//! (fp16's largest finite value is 65504), and the average is 30000 again, not inf. Both the
+//! one-step and the ring sizes of the thread backend, all_reduce, reduce_scatter and reduce.
+template <class C>
+void average_without_overflow(C& comm) {
+  const int n = comm.size();
+  auto check_type = [&](auto tag) {
+    using T = decltype(tag);
+    const float big = std::is_same_v<T, trident::fp16> ? 30000.0f : 3.0e38f;
+    for (std::size_t count : {std::size_t{8}, std::size_t{4096}}) {
+      INFO("rank ", comm.rank(), "/", n, " ", std::string(type_name<T>()), " count ", count);
+      const std::size_t total = count * static_cast<std::size_t>(n);
+      auto x = upload<C>(std::vector<T>(total, static_cast<T>(big)));
+      comm.all_reduce(x, reduce_op::avg);
+      auto got = download(comm, x);
+      std::size_t bad = 0;
+      for (T v : got)
+        if (!(std::fabs(static_cast<float>(v) - big) <= 1e-2f * big)) ++bad;
+      CHECK(bad == 0);
+      auto in = upload<C>(std::vector<T>(total, static_cast<T>(big)));
+      trident::buffer<T, typename C::space> out(count);
+      comm.reduce_scatter(in, out, reduce_op::avg);
+      got = download(comm, out);
+      bad = 0;
+      for (T v : got)
+        if (!(std::fabs(static_cast<float>(v) - big) <= 1e-2f * big)) ++bad;
+      CHECK(bad == 0);
+    }
+  };
+  check_type(trident::fp16{});
+  check_type(trident::bf16{});
+}
+
+//! max and min propagate NaN: whichever rank holds it, every rank gets NaN in that element, and
+//! the other elements are unaffected. float32, float64, fp16 and bf16; one-step and ring sizes.
+template <class C>
+void nan_propagates(C& comm) {
+  const int n = comm.size();
+  auto check_type = [&](auto tag) {
+    using T = decltype(tag);
+    for (std::size_t count : {std::size_t{6}, std::size_t{3000}})
+      for (int holder = 0; holder < n; ++holder)
+        for (reduce_op op : {reduce_op::max, reduce_op::min}) {
+          INFO("rank ", comm.rank(), "/", n, " ", std::string(type_name<T>()), " ", std::string(trident::name_of(op)),
+               " count ", count, " NaN on rank ", holder);
+          std::vector<T> host(count);
+          for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<T>(static_cast<float>(comm.rank()) + static_cast<float>(i % 3));
+          if (comm.rank() == holder) host[1] = static_cast<T>(std::nanf(""));
+          auto x = upload<C>(host);
+          comm.all_reduce(x, op);
+          const auto got = download(comm, x);
+          CHECK(std::isnan(static_cast<double>(static_cast<float>(got[1]))));
+          const float want0 = op == reduce_op::max ? static_cast<float>(n - 1) : 0.0f;
+          CHECK(static_cast<float>(got[0]) == want0);
+        }
+  };
+  check_type(float{});
+  check_type(double{});
+  check_type(trident::fp16{});
+  check_type(trident::bf16{});
 }
 
 }  // namespace suite

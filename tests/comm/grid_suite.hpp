@@ -62,6 +62,18 @@ void grid(C& world) {
                          trident::usage_error);
   }
   CHECK_THROWS_AS((trident::process_grid<C>(world, 0, 1)), trident::usage_error);
+  // Sizes whose product overflows an int: a usage_error, not a division by zero (SIGFPE).
+  CHECK_THROWS_WITH_AS((trident::process_grid<C>(world, 65536, 65536)), doctest::Contains("4294967296"),
+                       trident::usage_error);
+  // Ranks that disagree on the sizes or the order (each choice valid on its own): the same
+  // usage_error everywhere, instead of a grid that contradicts its own communicators.
+  if (n > 1) {
+    CHECK_THROWS_WITH_AS((trident::process_grid<C>(world, world.rank() == 0 ? 1 : n, 1)),
+                         doctest::Contains("ranks disagree on the tensor size (from 1 to"), trident::usage_error);
+    const trident::grid_order swapped{{trident::grid_axis::data, trident::grid_axis::tensor, trident::grid_axis::pipeline}};
+    CHECK_THROWS_WITH_AS((trident::process_grid<C>(world, 1, 1, world.rank() == n - 1 ? swapped : trident::grid_order{})),
+                         doctest::Contains("ranks disagree on the order[0]"), trident::usage_error);
+  }
   world.barrier();
 }
 

@@ -101,6 +101,8 @@ TEST_CASE("local: asynchronous forms") { on_every_size([](auto& c) { suite::asyn
 TEST_CASE("local: split") { on_every_size([](auto& c) { suite::split(c); }); }
 TEST_CASE("local: bad input") { on_every_size([](auto& c) { suite::bad_input(c); }); }
 TEST_CASE("local: mismatched calls are detected on every rank") { on_every_size([](auto& c) { suite::mismatched_counts(c); }); }
+TEST_CASE("local: fp16/bf16 avg does not overflow") { on_every_size([](auto& c) { suite::average_without_overflow(c); }); }
+TEST_CASE("local: max and min propagate NaN from any rank") { on_every_size([](auto& c) { suite::nan_propagates(c); }); }
 
 TEST_CASE("local: a rank calling a different collective is a usage_error everywhere") {
   local_world::run(3, [](local_comm& comm) {
@@ -182,8 +184,8 @@ TEST_CASE("local: an asynchronous failure is rethrown by wait()") {
                                    [](local_comm& comm) {
                                      std::vector<double> x(10, 1.0);
                                      if (comm.rank() == 0) {
-                                       auto r = comm.all_reduce_async(x);
-                                       CHECK_THROWS_WITH_AS(r.wait(), doctest::Contains("timed out"), trident::error);
+                                       auto r = comm.all_reduce_async(x);  // rank 1 has returned
+                                       CHECK_THROWS_WITH_AS(r.wait(), doctest::Contains("returned from its function"), trident::error);
                                        r.wait();  // a second wait is a no-op
                                      }
                                    },
@@ -206,3 +208,131 @@ TEST_CASE("local: communicators move, and scratch memory is accounted as communi
 
 #include "comm/grid_suite.hpp"
 TEST_CASE("local: process grid, every factorisation of 1..8 ranks") { on_every_size([](auto& c) { suite::grid(c); }); }
+
+// ---- bad input that must not crash, hang or give silently wrong results (issue 17) ----------
+
+TEST_CASE("local: reduce_scatter into the start of its own input is an error, not wrong data") {
+  // In place is this rank's chunk; rank 1 passing the start of its own send buffer used to pass
+  // the overlap check (equal pointers) and peers read input that it had already overwritten.
+  std::atomic<int> errors{0};
+  CHECK_THROWS_AS(local_world::run(2,
+                                   [&](local_comm& comm) {
+                                     std::vector<float> x(8, 1.0f);
+                                     try {
+                                       comm.reduce_scatter(std::span<const float>(x), std::span<float>(x.data(), 4));
+                                     } catch (const trident::error& e) {
+                                       const std::string what = e.what();
+                                       if (comm.rank() == 1) CHECK(what.find("reduce_scatter on rank 1: send and receive buffers overlap") != std::string::npos);
+                                       else CHECK(what.find("rank 1 failed") != std::string::npos);
+                                       ++errors;
+                                       throw;
+                                     }
+                                   }),
+                  trident::usage_error);
+  CHECK(errors == 2);
+  // The same call is legal on rank 0 (its chunk is the start) and stays in place there.
+  local_world::run(1, [](local_comm& comm) {
+    std::vector<float> x(4, 2.0f);
+    comm.reduce_scatter(std::span<const float>(x), std::span<float>(x.data(), 4));
+    CHECK(x[0] == 2.0f);
+  });
+  // all_gather's input may start where its output starts, on every rank: legal and right.
+  local_world::run(3, [](local_comm& comm) {
+    std::vector<float> x(6, 0.0f);
+    x[0] = x[1] = static_cast<float>(comm.rank() + 1);
+    comm.all_gather(std::span<const float>(x.data(), 2), std::span<float>(x));
+    CHECK(x == std::vector<float>{1, 1, 2, 2, 3, 3});
+  });
+}
+
+TEST_CASE("local: a rank that returns while a peer waits for it fails the peer at once") {
+  // The default timeout is 300 s; the peer must not wait it out.
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int> peers_failed{0};
+  try {
+    local_world::run(3, [&](local_comm& comm) {
+      if (comm.rank() == 1) return;  // forgets the all_reduce
+      std::vector<float> x(100, 1.0f);
+      try {
+        comm.all_reduce(x);
+      } catch (const trident::error& e) {
+        CHECK(std::string(e.what()).find("rank 1, which has returned from its function") != std::string::npos);
+        ++peers_failed;
+        throw;
+      }
+    });
+    FAIL("run should have reported the abandoned all_reduce");
+  } catch (const trident::error& e) {
+    CHECK(std::string(e.what()).find("returned from its function") != std::string::npos);
+  }
+  CHECK(peers_failed == 2);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  // Point-to-point too: a receive from a rank that has returned.
+  CHECK_THROWS_WITH_AS(local_world::run(2,
+                                        [](local_comm& comm) {
+                                          std::vector<float> x(4);
+                                          if (comm.rank() == 0) comm.recv(x, 1);
+                                        }),
+                       doctest::Contains("returned from its function without sending"), trident::error);
+}
+
+TEST_CASE("local: an exception with an asynchronous collective queued is reported as itself, at once") {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    local_world::run(2, [](local_comm& comm) {
+      std::vector<float> x(1000, 1.0f);
+      if (comm.rank() == 0) {
+        auto pending = comm.all_reduce_async(x);
+        throw std::runtime_error("loss is NaN");  // the request is destroyed while unwinding
+      }
+      comm.barrier();  // rank 1 is elsewhere: rank 0's all_reduce can never complete
+    });
+    FAIL("run should have rethrown rank 0's exception");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "loss is NaN");  // not rank 1's echo, not a mismatch
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+TEST_CASE("local: the error of an asynchronous operation dropped without wait() is raised by the next call") {
+  local_world::run(2, [](local_comm& comm) {
+    std::vector<float> x(comm.rank() == 0 ? 8 : 12);
+    { auto dropped = comm.all_reduce_async(x); }  // fails (counts differ); nobody waits for it
+    CHECK_THROWS_WITH_AS(comm.barrier(), doctest::Contains("element count"), trident::usage_error);
+    comm.barrier();  // raised once; the communicator goes on
+  });
+  // Not lost at the end of the rank's function either: run() reports it.
+  CHECK_THROWS_WITH_AS(local_world::run(2,
+                                        [](local_comm& comm) {
+                                          std::vector<float> x(comm.rank() == 0 ? 8 : 12);
+                                          auto dropped = comm.all_reduce_async(x);
+                                        }),
+                       doctest::Contains("element count"), trident::usage_error);
+}
+
+TEST_CASE("local: each rank's ledger holds what that rank allocated, asynchronous scratch included") {
+  std::vector<std::shared_ptr<trident::memory_ledger>> ledgers(2);
+  const auto process_before = trident::process_ledger()->bytes(trident::space_kind::host);
+  local_world::run(2, [&](local_comm& comm) {
+    const auto& mine = comm.ledger();
+    ledgers[static_cast<std::size_t>(comm.rank())] = mine;
+    CHECK(mine == trident::current_ledger());
+    CHECK(mine->label() == "rank " + std::to_string(comm.rank()));
+    const std::size_t n = comm.rank() == 0 ? 1000 : 3000;
+    trident::buffer<float> params(n, trident::mem_category::parameters);
+    CHECK(mine->bytes(trident::space_kind::host, trident::mem_category::parameters) == n * sizeof(float));
+    // 16 KiB reduce_scatter on the worker thread: its scratch is this rank's.
+    std::vector<float> in(4096, 1.0f), out(2048);
+    comm.reduce_scatter_async(in, out).wait();
+    CHECK(out[0] == 2.0f);
+    CHECK(mine->bytes(trident::space_kind::host, trident::mem_category::communication) >= in.size() * sizeof(float));
+  });
+  CHECK(ledgers[0] != ledgers[1]);
+  for (const auto& l : ledgers) {
+    CHECK(l->bytes(trident::space_kind::host) == 0);  // everything given back
+    CHECK(l->peak(trident::space_kind::host, trident::mem_category::communication) >= 4096 * sizeof(float));
+  }
+  CHECK(ledgers[0]->peak(trident::space_kind::host, trident::mem_category::parameters) == 1000 * sizeof(float));
+  CHECK(ledgers[1]->peak(trident::space_kind::host, trident::mem_category::parameters) == 3000 * sizeof(float));
+  CHECK(trident::process_ledger()->bytes(trident::space_kind::host) == process_before);
+}

@@ -694,6 +694,8 @@ TEST_CASE("mpi suite: point to point") { suite::point_to_point(world()); }
 TEST_CASE("mpi suite: asynchronous forms") { suite::asynchronous(world()); }
 TEST_CASE("mpi suite: split") { suite::split(world()); }
 TEST_CASE("mpi suite: bad input") { suite::bad_input(world()); }
+TEST_CASE("mpi suite: fp16/bf16 avg does not overflow") { suite::average_without_overflow(world()); }
+TEST_CASE("mpi suite: max and min propagate NaN from any rank") { suite::nan_propagates(world()); }
 TEST_CASE("mpi suite: process grid, every factorisation of the world") { suite::grid(world()); }
 TEST_CASE("mpi suite: mismatched calls are detected on every rank (check_arguments on)") {
   world().check_arguments(true);

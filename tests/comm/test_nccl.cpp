@@ -132,6 +132,8 @@ TEST_CASE("one rank: the shared backend suite") {
   SUBCASE("asynchronous") { suite::asynchronous(comm); }
   SUBCASE("split") { suite::split(comm); }
   SUBCASE("bad_input") { suite::bad_input(comm); }
+  SUBCASE("average_without_overflow") { suite::average_without_overflow(comm); }
+  SUBCASE("nan_propagates") { suite::nan_propagates(comm); }
 }
 
 TEST_CASE("one rank: what the communicator reports about itself") {

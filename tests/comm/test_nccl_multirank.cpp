@@ -73,6 +73,8 @@ TEST_CASE("two ranks: the shared backend suite") {
   SUBCASE("asynchronous") { suite::asynchronous(comm()); }
   SUBCASE("split") { suite::split(comm()); }
   SUBCASE("bad_input") { suite::bad_input(comm()); }
+  SUBCASE("average_without_overflow") { suite::average_without_overflow(comm()); }
+  SUBCASE("nan_propagates") { suite::nan_propagates(comm()); }
   SUBCASE("process_grid") { suite::grid(comm()); }
 }
 

@@ -382,13 +382,26 @@ class collectives {
     TRIDENT_EXPECT(root >= 0 && root < group_size(), what, ": root ", root, " is not a rank of this group of ",
                    group_size(), " (expected 0..", group_size() - 1, ")");
   }
-  static void check_disjoint_or_same(const collective_call& c) {
+  static bool overlap(const collective_call& c) {
     const auto* s = static_cast<const std::byte*>(c.send);
     const auto* r = static_cast<const std::byte*>(c.recv);
     const std::size_t es = size_of(c.type);
-    if (s == r || c.send_count == 0 || c.recv_count == 0) return;
-    const bool overlap = s < r + c.recv_count * es && r < s + c.send_count * es;
-    TRIDENT_EXPECT(!overlap, name_of(c.kind), ": send and receive buffers overlap without being the same buffer");
+    return c.send_count != 0 && c.recv_count != 0 && s < r + c.recv_count * es && r < s + c.send_count * es;
+  }
+  static void check_disjoint_or_same(const collective_call& c) {
+    TRIDENT_EXPECT(c.send == c.recv || !overlap(c), name_of(c.kind),
+                   ": send and receive buffers overlap without being the same buffer");
+  }
+  // For reduce_scatter, "the same pointer" is not in place: only this rank's chunk of the input
+  // is (as in NCCL), and any other overlap is read after being written (on 2 ranks, a
+  // reduce_scatter into the start of rank 1's own input gave every element wrong on the thread
+  // backend, and right on MPI by luck).
+  void check_disjoint_chunked(const collective_call& c) {
+    const std::size_t chunk = c.recv_count;
+    const auto me = static_cast<std::size_t>(self().rank());
+    TRIDENT_EXPECT(!overlap(c), "reduce_scatter on rank ", me, ": send and receive buffers overlap; in place means the "
+                   "receive buffer is exactly this rank's chunk of the send buffer (elements ", me * chunk, "..",
+                   (me + 1) * chunk - 1, "), and otherwise they must not overlap");
   }
 
   template <class In, class Out>
@@ -411,7 +424,7 @@ class collectives {
     // any other overlap would be read after being written.
     const bool in_place = static_cast<const void*>(static_cast<const std::byte*>(c.send) +
                                                    static_cast<std::size_t>(self().rank()) * c.recv_count * size_of(c.type)) == c.recv;
-    if (!in_place) check_disjoint_or_same(c);
+    if (!in_place) check_disjoint_chunked(c);
     return c;
   }
   template <class In, class Out>
@@ -423,6 +436,8 @@ class collectives {
     // In place means the send buffer is this rank's chunk of the receive buffer (as in NCCL).
     const bool in_place = static_cast<const void*>(static_cast<const std::byte*>(c.recv) +
                                                    static_cast<std::size_t>(self().rank()) * c.send_count * size_of(c.type)) == c.send;
+    // The input may also start where the output starts: every backend first copies it into this
+    // rank's slot and only then receives into the rest, so that is legal too.
     if (!in_place) check_disjoint_or_same(c);
     return c;
   }

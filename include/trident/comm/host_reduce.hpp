@@ -5,6 +5,16 @@
 //
 //   detail::host_combine(dtype, op, dst, a, b, n)     dst[i] = a[i] op b[i]   (dst may alias a or b)
 //   detail::host_divide(dtype, data, n, divisor)      data[i] /= divisor      (the tail of avg)
+//   detail::premultiplied_avg(dtype, op)              avg of fp16/bf16: inputs scaled first
+//   detail::host_prescale(dtype, dst, src, n, ranks)  dst[i] = T(src[i] * (1/ranks))
+//
+// Every backend reduces the same way, so a result does not depend on the backend or on which
+// rank holds which value:
+//   * max and min propagate NaN (a NaN on any rank gives NaN, as IEEE 754-2019's maximum and
+//     PyTorch do); std::max would keep or drop it depending on the operand order, i.e. the rank;
+//   * avg over fp16/bf16 scales every input by 1/ranks (rounded to the type) before summing, as
+//     NCCL's PreMulSum does: summing first overflows (four ranks averaging 30000 in fp16 gave
+//     inf). Wider types sum, then divide.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -34,8 +44,8 @@ void combine_typed(T* dst, const T* a, const T* b, std::size_t n) noexcept {
     C r;
     if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) r = static_cast<C>(x + y);
     else if constexpr (Op == reduce_op::prod) r = static_cast<C>(x * y);
-    else if constexpr (Op == reduce_op::max) r = std::max(x, y);
-    else r = std::min(x, y);
+    else if constexpr (Op == reduce_op::max) r = x != x ? x : (y != y ? y : std::max(x, y));  // NaN wins
+    else r = x != x ? x : (y != y ? y : std::min(x, y));
     dst[i] = static_cast<T>(r);
   }
 }
@@ -83,6 +93,23 @@ inline void host_divide(dtype t, void* data, std::size_t n, int divisor) {
     T* p = static_cast<T*>(data);
     const C d = static_cast<C>(divisor);
     for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<C>(static_cast<C>(p[i]) / d));
+  });
+}
+
+//! Whether `op` over `t` is an average computed by scaling the inputs first (fp16, bf16).
+constexpr bool premultiplied_avg(dtype t, reduce_op op) noexcept {
+  return op == reduce_op::avg && (t == dtype::float16 || t == dtype::bfloat16);
+}
+
+//! dst[i] = src[i] * (1 / ranks), computed in float and rounded to the type once (dst may be src).
+inline void host_prescale(dtype t, void* dst, const void* src, std::size_t n, int ranks) {
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_type_t<T>;
+    const C scale = static_cast<C>(1) / static_cast<C>(ranks);
+    const T* in = static_cast<const T*>(src);
+    T* out = static_cast<T*>(dst);
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<C>(static_cast<C>(in[i]) * scale));
   });
 }
 

@@ -81,9 +81,14 @@ namespace detail {
 
 // Shared by every group (and split) of one local_world::run.
 struct local_world_state {
-  explicit local_world_state(local_options o) : options(o) {}
+  local_world_state(local_options o, int n) : options(o), left(static_cast<std::size_t>(n)) {
+    for (auto& l : left) l.store(false, std::memory_order_relaxed);
+  }
   local_options options;
   std::atomic<bool> aborted{false};
+  // World ranks whose function has returned (and whose asynchronous work is done): a peer that
+  // waits for one of them would wait for nothing, so it fails at once instead of timing out.
+  std::vector<std::atomic<bool>> left;
   std::mutex mutex;
   std::string reason;     // why it was aborted: the first failure
   int failed_rank = -1;   // world rank of the first failure
@@ -253,6 +258,9 @@ class local_comm : public collectives<local_comm, host_space> {
       rank_ = std::exchange(other.rank_, -1);
       seq_ = std::exchange(other.seq_, 0);
       scratch_ = std::move(other.scratch_);
+      prescaled_ = std::move(other.prescaled_);
+      deferred_ = std::move(other.deferred_);
+      ledger_ = std::move(other.ledger_);
       worker_ = std::move(other.worker_);
     }
     return *this;
@@ -271,6 +279,7 @@ class local_comm : public collectives<local_comm, host_space> {
   }
   void execute(std::span<const p2p_op<host_space>> ops) {
     drain();
+    raise_deferred();
     run_p2p(ops);
   }
   request start(const collective_call& call);
@@ -278,17 +287,28 @@ class local_comm : public collectives<local_comm, host_space> {
 
   void barrier() {
     drain();
+    raise_deferred();
     detail::local_descriptor d;
     d.kind = static_cast<int>(detail::local_kind::barrier);
     const auto seq = post(d);
     finish(seq);
   }
-  //! Waits for this rank's outstanding asynchronous operations.
-  void synchronize() { drain(); }
+  //! Waits for this rank's outstanding asynchronous operations; raises the error of one whose
+  //! request was dropped without wait().
+  void synchronize() {
+    drain();
+    raise_deferred();
+  }
+  //! The ledger this rank's allocations are charged to: the one current on the rank's thread
+  //! when the communicator was made (local_world::run gives each rank its own). Scratch that
+  //! asynchronous operations allocate on the worker thread is charged to the ledger current
+  //! where they were started.
+  const std::shared_ptr<memory_ledger>& ledger() const noexcept { return ledger_; }
 
   //! Ranks passing the same colour (>= 0) form a new group, ordered by key, then by rank.
   local_comm split(int color, int key) {
     drain();
+    raise_deferred();
     detail::local_descriptor d;
     d.kind = static_cast<int>(detail::local_kind::split);
     d.color = color;
@@ -364,6 +384,12 @@ class local_comm : public collectives<local_comm, host_space> {
       signal.sleepers.fetch_sub(1, std::memory_order_relaxed);
       if (done || ready()) return;
       if (aborted) throw aborted_error(what);
+      if (peer_left(peer)) {
+        const std::string why = detail::concat(what, " on rank ", rank_, " waits for rank ", peer,
+                                               ", which has returned from its function without taking part");
+        world().abort(world_rank(), why);
+        throw error(why);
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         const std::string why = detail::concat("timed out after ", options().timeout.count(), " ms in ", what,
                                                " waiting for rank ", peer);
@@ -371,6 +397,10 @@ class local_comm : public collectives<local_comm, host_space> {
         throw error(detail::concat(what, " on rank ", rank_, ": ", why));
       }
     }
+  }
+  bool peer_left(int peer) const noexcept {
+    return peer >= 0 && world().left[static_cast<std::size_t>(group_->ranks[static_cast<std::size_t>(peer)])].load(
+                            std::memory_order_acquire);
   }
   error aborted_error(const char* what) const {
     return error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
@@ -447,11 +477,22 @@ class local_comm : public collectives<local_comm, host_space> {
            c.send_count * size_of(c.type) <= detail::local_one_shot_bytes;
   }
 
-  void run_collective(const collective_call& c) {
+  void run_collective(const collective_call& call) {
+    raise_deferred();
     detail::local_descriptor d;
-    d.kind = static_cast<int>(c.kind);
-    d.call = c;
+    d.kind = static_cast<int>(call.kind);
+    d.call = call;  // what peers compare: the caller's op, avg included
+    collective_call c = call;
     const std::size_t elem = size_of(c.type);
+    if (detail::premultiplied_avg(c.type, c.op) && size() > 1 && c.send_count != 0) {
+      // fp16/bf16 avg: every rank scales its input by 1/n first and the ranks sum the scaled
+      // copies (peers read them through the descriptor), so partial sums stay in range.
+      if (prescaled_.size() < c.send_count * elem) prescaled_ = buffer<std::byte>(c.send_count * elem, mem_category::communication);
+      detail::host_prescale(c.type, prescaled_.data(), c.send, c.send_count, size());
+      c.send = prescaled_.data();
+      c.op = reduce_op::sum;
+      d.call.send = c.send;
+    }
     if (one_shot(c)) {
       d.readable = c.send;
       const std::uint64_t seq = post(d);  // every rank agrees on kind, type and count, so on one_shot
@@ -660,6 +701,13 @@ class local_comm : public collectives<local_comm, host_space> {
         withdraw_sends_locked();
         throw error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
       }
+      if (peer_left(peer)) {
+        withdraw_sends_locked();
+        const std::string why = detail::concat(what, " on rank ", rank_, " waits for rank ", peer,
+                                               ", which has returned from its function without sending");
+        world().abort(world_rank(), why);
+        throw error(why);
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         withdraw_sends_locked();
         const std::string why = detail::concat("timed out after ", options().timeout.count(), " ms in ", what,
@@ -725,16 +773,40 @@ class local_comm : public collectives<local_comm, host_space> {
     {
       std::lock_guard lock(worker_->mutex);
       worker_->stop = true;
+      // Destroyed by an exception with work still queued: the peers may wait for this rank in
+      // that work, and this rank waits for it to finish. Abort now, naming this rank, so both
+      // sides fail at once instead of after the timeout.
+      if (worker_->pending != 0 && std::uncaught_exceptions() > 0 && group_)
+        world().abort(world_rank(), "an exception left the rank's function with asynchronous operations queued");
     }
     worker_->cv.notify_all();
     worker_->thread.join();  // runs what is queued first: requests never dangle
     worker_.reset();
   }
 
+  // The first error of an asynchronous operation whose request was dropped without wait():
+  // raised by this rank's next operation (or synchronize(), which run() calls at the end).
+  struct deferred_error {
+    std::mutex mutex;
+    std::exception_ptr error;
+  };
+  void raise_deferred() {
+    if (!deferred_) return;
+    std::exception_ptr e;
+    {
+      std::lock_guard lock(deferred_->mutex);
+      e = std::exchange(deferred_->error, nullptr);
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
   std::shared_ptr<detail::local_group> group_;
   int rank_ = -1;
   std::uint64_t seq_ = 0;
   buffer<std::byte> scratch_;
+  buffer<std::byte> prescaled_;  // fp16/bf16 avg: this rank's input scaled by 1/n
+  std::shared_ptr<deferred_error> deferred_ = std::make_shared<deferred_error>();
+  std::shared_ptr<memory_ledger> ledger_ = current_ledger();  // charged by the worker thread too
   std::unique_ptr<worker_state> worker_;
 };
 
@@ -773,11 +845,25 @@ class local_comm::request {
     std::condition_variable cv;
     bool done = false;
     std::exception_ptr failure;
+    std::shared_ptr<deferred_error> deferred;         // where an unobserved failure goes
+    std::shared_ptr<detail::local_world_state> world;  // aborted when unwinding with this queued
+    int world_rank = -1;
   };
+  // Dropped without wait(): let the operation finish (it uses the caller's buffers), and hand
+  // its error, if any, to the communicator, whose next call raises it. When an exception is
+  // unwinding the rank, abort the world first: peers may be waiting for this rank inside it.
   void finish_quietly() noexcept {
     if (!state_) return;
-    std::unique_lock lock(state_->mutex);
-    state_->cv.wait(lock, [&] { return state_->done; });
+    {
+      std::unique_lock lock(state_->mutex);
+      if (!state_->done && std::uncaught_exceptions() > 0 && state_->world)
+        state_->world->abort(state_->world_rank, "an exception left the rank's function with an asynchronous operation pending");
+      state_->cv.wait(lock, [&] { return state_->done; });
+      if (state_->failure && state_->deferred) {
+        std::lock_guard keep(state_->deferred->mutex);
+        if (!state_->deferred->error) state_->deferred->error = state_->failure;
+      }
+    }  // unlocked before the state (and its mutex) may go
     state_.reset();
   }
   std::shared_ptr<state> state_;
@@ -785,11 +871,17 @@ class local_comm::request {
 
 template <class Work>
 local_comm::request local_comm::start_work(Work work) {
+  raise_deferred();
   request r;
   r.state_ = std::make_shared<request::state>();
-  enqueue([work = std::move(work), s = r.state_] {
+  r.state_->deferred = deferred_;
+  r.state_->world = group_->world;
+  r.state_->world_rank = world_rank();
+  // The worker charges what the operation allocates to the ledger current where it was started.
+  enqueue([work = std::move(work), s = r.state_, ledger = current_ledger()] {
     std::exception_ptr failure;
     try {
+      scoped_ledger use{ledger};
       work();
     } catch (...) {
       failure = std::current_exception();  // delivered by request::wait()
@@ -812,7 +904,9 @@ inline local_comm::request local_comm::start(std::span<const p2p_op<host_space>>
 
 //! Runs fn(local_comm&) on n threads, one rank each, and waits for all of them. If fn returns
 //! a value, run returns them in rank order. The first exception thrown by any rank aborts the
-//! others (they throw trident::error instead of hanging) and is rethrown here.
+//! others (they throw trident::error instead of hanging) and is rethrown here; so does a rank
+//! that waits for a peer whose fn has already returned. Each rank's thread has a memory ledger
+//! of its own ("rank r", comm.ledger()), which its asynchronous operations charge too.
 //!
 //!   auto ranks = trident::local_world::run(3, [](trident::local_comm& c) { return c.rank(); });
 //!   // ranks == {0, 1, 2}
@@ -824,7 +918,7 @@ struct local_world {
     TRIDENT_EXPECT(options.timeout.count() > 0, "local_world::run: the timeout must be positive, got ",
                    options.timeout.count(), " ms");
     using result = std::invoke_result_t<Fn&, local_comm&>;
-    auto world = std::make_shared<detail::local_world_state>(options);
+    auto world = std::make_shared<detail::local_world_state>(options, n);
     std::vector<int> ranks(static_cast<std::size_t>(n));
     std::iota(ranks.begin(), ranks.end(), 0);
     auto group = std::make_shared<detail::local_group>(world, std::move(ranks));
@@ -834,6 +928,7 @@ struct local_world {
     std::vector<std::optional<stored>> results(static_cast<std::size_t>(n));
     auto body = [&](int r) {
       try {
+        scoped_ledger use{std::make_shared<memory_ledger>(detail::concat("rank ", r))};
         local_comm comm(group, r);
         if constexpr (std::is_void_v<result>) {
           fn(comm);
@@ -841,6 +936,7 @@ struct local_world {
           results[static_cast<std::size_t>(r)].emplace(fn(comm));
         }
         comm.synchronize();
+        world->left[static_cast<std::size_t>(r)].store(true, std::memory_order_release);
       } catch (const std::exception& e) {
         failures[static_cast<std::size_t>(r)] = std::current_exception();
         world->abort(r, e.what());

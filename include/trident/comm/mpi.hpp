@@ -22,10 +22,13 @@
 //     trident::mpi_error (MPI's error string, the call) instead of aborting the job, and
 //     trident's traffic never matches a message of the application's own communicators;
 //   * avg is MPI_SUM followed by detail::host_divide on the result (on the root only, for reduce):
-//     MPI has no average;
+//     MPI has no average; over fp16/bf16 the inputs are scaled by 1/n into a copy first and
+//     summed (detail::premultiplied_avg), like the other backends, so the sum cannot overflow;
 //   * fp16 and bf16 are reduced by user-defined operations (created once per process, freed when
 //     MPI_Finalize destroys MPI_COMM_SELF) that call detail::host_combine: MPI 3.1 has no 16-bit
 //     floating-point types, and its predefined ops refuse the opaque two-byte types of to_mpi();
+//     so are max and min over float32/float64, because MPI_MAX may keep or drop a NaN depending
+//     on which rank holds it, and trident's max propagates NaN on every backend;
 //   * counts are MPI `int`s: a call of more than INT_MAX elements is a usage_error, never a
 //     silently truncated count.
 #pragma once
@@ -130,11 +133,11 @@ void mpi_half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 
 struct mpi_half_ops {
-  // [0] fp16, [1] bf16; by reduce_op sum, max, min, prod (avg uses sum).
-  MPI_Op ops[2][4] = {};
+  // [0] fp16, [1] bf16, [2] float32, [3] float64; by reduce_op sum, max, min, prod (avg uses sum).
+  MPI_Op ops[4][4] = {};
 
   MPI_Op get(dtype t, reduce_op op) const noexcept {
-    const int type = t == dtype::float16 ? 0 : 1;
+    const int type = t == dtype::float16 ? 0 : t == dtype::bfloat16 ? 1 : t == dtype::float32 ? 2 : 3;
     switch (op) {
       case reduce_op::sum:
       case reduce_op::avg: return ops[type][0];
@@ -171,6 +174,8 @@ inline const mpi_half_ops& half_ops() {
     mpi_half_ops t;
     make_half_ops<fp16>(t.ops[0]);
     make_half_ops<bf16>(t.ops[1]);
+    make_half_ops<float>(t.ops[2]);
+    make_half_ops<double>(t.ops[3]);
     return t;
   }();
   static const bool registered = [] {
@@ -187,6 +192,8 @@ inline const mpi_half_ops& half_ops() {
 //! The MPI_Op for a reduction of dtype t.
 inline MPI_Op mpi_op(dtype t, reduce_op op) {
   if (t == dtype::float16 || t == dtype::bfloat16) return half_ops().get(t, op);
+  if ((t == dtype::float32 || t == dtype::float64) && (op == reduce_op::max || op == reduce_op::min))
+    return half_ops().get(t, op);  // NaN-propagating, unlike MPI_MAX / MPI_MIN
   switch (op) {
     case reduce_op::sum:
     case reduce_op::avg: return MPI_SUM;
@@ -209,6 +216,8 @@ struct mpi_completion {
   //! In-place reduce_scatter: MPI wrote the result here (MPI forbids overlapping buffers);
   //! it is copied to `copy_to`, this rank's chunk of the input.
   std::vector<std::byte> staging;
+  //! fp16/bf16 avg: this rank's input scaled by 1/n, what MPI sums (kept until completion).
+  std::vector<std::byte> prescaled;
   void* copy_to = nullptr;
   //! Grouped receives: what each expected, so that a short message is an error, not silence.
   struct expected_receive {
@@ -616,11 +625,19 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     p.root = c.root;
     p.after.type = c.type;
     if (reduction) p.op = detail::mpi_op(c.type, c.op);
-    const int divisor = reduction && c.op == reduce_op::avg ? size_ : 0;
+    int divisor = reduction && c.op == reduce_op::avg ? size_ : 0;
+    // fp16/bf16 avg: sum the inputs scaled by 1/n (a separate buffer, so nothing is in place).
+    const void* input = c.send;
+    if (reduction && detail::premultiplied_avg(c.type, c.op) && size_ > 1) {
+      p.after.prescaled.resize(c.send_count * bytes_per);
+      if (c.send_count != 0) detail::host_prescale(c.type, p.after.prescaled.data(), c.send, c.send_count, size_);
+      input = p.after.prescaled.data();
+      divisor = 0;
+    }
     switch (c.kind) {
       case collective::all_reduce:
         p.count = detail::mpi_count(c.send_count, what);
-        p.send = c.send == c.recv ? MPI_IN_PLACE : c.send;
+        p.send = input == c.recv ? MPI_IN_PLACE : input;
         p.recv = c.recv;
         p.after.result = c.recv;
         p.after.count = c.recv_count;
@@ -629,9 +646,9 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
       case collective::reduce_scatter: {
         p.count = detail::mpi_count(c.recv_count, what);
         detail::mpi_count(c.send_count, what);
-        p.send = c.send;
+        p.send = input;
         p.recv = c.recv;
-        const bool in_place = c.recv_count > 0 && static_cast<const std::byte*>(c.send) +
+        const bool in_place = c.recv_count > 0 && static_cast<const std::byte*>(input) +
                                                           static_cast<std::size_t>(rank_) * c.recv_count * bytes_per ==
                                                       static_cast<const std::byte*>(c.recv);
         if (in_place) {
@@ -673,7 +690,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
         // Every rank contributes send_count elements; only the root has a receive buffer.
         p.count = detail::mpi_count(c.send_count, what);
         p.recv = c.recv;
-        p.send = rank_ == c.root && c.send == c.recv ? MPI_IN_PLACE : c.send;
+        p.send = rank_ == c.root && input == c.recv ? MPI_IN_PLACE : input;
         if (rank_ == c.root) {
           p.after.result = c.recv;
           p.after.count = c.recv_count;

@@ -12,10 +12,13 @@
 // so a tensor-parallel group is T consecutive ranks (on one node, where its traffic is heaviest)
 // and pipeline stages are the farthest apart.
 #include <array>
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 
 namespace trident {
@@ -41,8 +44,10 @@ struct grid_order {
 
 //! A world communicator split into the three axes of 3-D parallelism. The data-parallel size
 //! is inferred: world size / (tensor size x pipeline size), which must divide exactly.
-//! Construction is collective (every rank of `world` calls it with the same sizes). The grid
-//! owns the axis communicators; `world` must outlive it.
+//! Construction is collective (every rank of `world` calls it with the same sizes and order;
+//! one all-reduce checks that they do, so ranks that disagree all get a usage_error instead of
+//! a grid whose groups contradict each other). The grid owns the axis communicators; `world`
+//! must outlive it.
 //!
 //!   trident::local_world::run(8, [](trident::local_comm& world) {
 //!     trident::process_grid grid(world, /*tensor=*/2, /*pipeline=*/2);   // data = 2
@@ -55,11 +60,16 @@ class process_grid {
   process_grid(C& world, int tensor_size, int pipeline_size, grid_order order = grid_order::megatron())
       : world_(&world), order_(order), rank_(world.rank()) {
     const int n = world.size();
+    // First, so that every rank reaches it: a rank that rejected its own sizes before the
+    // collective would leave the others waiting in it (under MPI, for good).
+    check_agreement(world, tensor_size, pipeline_size);
     TRIDENT_EXPECT(tensor_size >= 1 && pipeline_size >= 1, "process_grid: tensor size (", tensor_size,
                    ") and pipeline size (", pipeline_size, ") must be at least 1");
-    TRIDENT_EXPECT(n % (tensor_size * pipeline_size) == 0, "process_grid: world size ", n,
+    // In 64 bits: 65536 x 65536 wraps an int to 0 (and n % 0 was a SIGFPE).
+    const std::int64_t model_ranks = std::int64_t{tensor_size} * pipeline_size;
+    TRIDENT_EXPECT(model_ranks <= n && n % model_ranks == 0, "process_grid: world size ", n,
                    " is not divisible by tensor size (", tensor_size, ") x pipeline size (", pipeline_size, ") = ",
-                   tensor_size * pipeline_size);
+                   model_ranks);
     bool seen[3] = {false, false, false};
     for (grid_axis a : order_.fastest_first) seen[static_cast<int>(a)] = true;
     TRIDENT_EXPECT(seen[0] && seen[1] && seen[2], "process_grid: the order must name tensor, data and pipeline once each");
@@ -117,6 +127,31 @@ class process_grid {
 
  private:
   static constexpr std::size_t axis_index(grid_axis a) noexcept { return static_cast<std::size_t>(a); }
+
+  // One max all-reduce of (x, -x) for each value gives every rank the maximum and the minimum,
+  // so every rank reaches the same verdict (the same trick as MPI's optional argument check).
+  void check_agreement(C& world, int tensor_size, int pipeline_size) {
+    std::array<std::int64_t, 10> mine{};
+    const std::int64_t values[5] = {tensor_size, pipeline_size, static_cast<int>(order_.fastest_first[0]),
+                                    static_cast<int>(order_.fastest_first[1]), static_cast<int>(order_.fastest_first[2])};
+    for (std::size_t i = 0; i < 5; ++i) {
+      mine[2 * i] = values[i];
+      mine[2 * i + 1] = -values[i];
+    }
+    buffer<std::int64_t, typename C::space> shared(mine.size(), mem_category::communication);
+    copy(std::span<const std::int64_t>(mine), shared);
+    world.all_reduce(shared, reduce_op::max);
+    world.synchronize();
+    std::array<std::int64_t, 10> all{};
+    copy(shared, std::span<std::int64_t>(all));
+    const char* names[5] = {"tensor size", "pipeline size", "order[0]", "order[1]", "order[2]"};
+    for (std::size_t i = 0; i < 5; ++i) {
+      const std::int64_t hi = all[2 * i], lo = -all[2 * i + 1];
+      TRIDENT_EXPECT(hi == lo, "process_grid on rank ", world.rank(), ": ranks disagree on the ", names[i], " (from ", lo,
+                     " to ", hi, "; this rank passed ", values[i], "); every rank must build the grid with the same "
+                     "sizes and order");
+    }
+  }
 
   C* world_;
   grid_order order_;
