@@ -172,34 +172,7 @@ TEST_CASE("zero: an inf gradient on one rank skips the step on every rank; the s
   });
 }
 
-TEST_CASE("zero: dynamic loss scaler follows DeepSpeed (window, hysteresis, minimum)") {
-  trident::dynamic_loss_scaler::options o;
-  o.window = 3;
-  trident::dynamic_loss_scaler s(o);
-  CHECK(s.scale() == 65536.0f);
-  CHECK(s.update(false));  // iteration 0: (0 - -1) % 3 != 0
-  CHECK(s.update(false));
-  CHECK(s.scale() == 65536.0f);
-  CHECK(s.update(false));
-  CHECK(s.scale() == 131072.0f);  // iteration 2: (2 - -1) % 3 == 0 -> grow
-  CHECK_FALSE(s.update(true));    // hysteresis 2 -> 1, scale kept
-  CHECK(s.scale() == 131072.0f);
-  CHECK_FALSE(s.update(true));    // now it shrinks
-  CHECK(s.scale() == 65536.0f);
-  for (int i = 0; i < 2; ++i) CHECK(s.update(false));
-  CHECK(s.scale() == 65536.0f);
-  CHECK(s.update(false));  // three clean steps since the last overflow
-  CHECK(s.scale() == 131072.0f);
-  trident::dynamic_loss_scaler::options tiny;
-  tiny.initial_scale = 2.0f;
-  tiny.hysteresis = 1;
-  trident::dynamic_loss_scaler m(tiny);
-  m.update(true);
-  m.update(true);
-  m.update(true);
-  CHECK(m.scale() == 1.0f);  // never below min_scale
-  CHECK_THROWS_AS(trident::dynamic_loss_scaler(trident::dynamic_loss_scaler::options{0.0f}), trident::usage_error);
-}
+// The loss scaler on its own: tests/precision/test_loss_scaler.cpp (against DeepSpeed's traces).
 
 TEST_CASE("zero: bf16 and fp16 training reach the fp32 loss within 2% after 200 steps") {
   const mlp::dims d;

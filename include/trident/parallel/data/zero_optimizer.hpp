@@ -144,7 +144,7 @@ class zero_optimizer {
   }
 
   const flat_layout& layout() const noexcept { return layout_; }
-  float loss_scale() const noexcept { return scaler_.scale(); }
+  float loss_scale() const noexcept { return static_cast<float>(scaler_.scale()); }
   std::int64_t steps_taken() const noexcept { return step_count_; }
 
   // ---- parameters ----------------------------------------------------------------------------
@@ -284,7 +284,7 @@ class zero_optimizer {
     finish_reductions();
 
     // Overflow and norm over this rank's pieces, then over the group.
-    const float unscale = 1.0f / scaler_.scale();
+    const float unscale = static_cast<float>(1.0 / scaler_.scale());
     double sum_squares = 0;
     bool finite = true;
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
@@ -324,7 +324,7 @@ class zero_optimizer {
       invalidate_gathered();
     }
     zero_grad();
-    return {applied, norm, scaler_.scale()};
+    return {applied, norm, static_cast<float>(scaler_.scale())};
   }
 
   //! Clears the gradients (step() does this itself).
