@@ -34,8 +34,10 @@
 #endif
 
 #include "trident/model/flat_layout.hpp"
+#include "trident/precision/loss_scaler.hpp"
 #include "trident/precision/mixed_precision.hpp"
 #include "trident/optim/optimizers.hpp"
+#include "trident/optim/schedule.hpp"
 
 #include "trident/nn/activation.hpp"
 #include "trident/nn/cuda/cublas.hpp"
