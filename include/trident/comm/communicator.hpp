@@ -33,6 +33,7 @@
 // on the communicator's stream (synchronize() or a request's wait() blocks the host).
 #include <concepts>
 #include <cstddef>
+#include <exception>
 #include <initializer_list>
 #include <ranges>
 #include <span>
@@ -262,42 +263,50 @@ class collectives {
   //! out[i] = op over ranks of in[i]; in and out have the same size (out may alias in).
   template <class In, class Out>
   void all_reduce(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "all_reduce"};
     self().execute(all_reduce_call(in, out, op));
   }
   //! In place: data[i] = op over ranks of data[i].
   template <class Data>
   void all_reduce(Data&& data, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "all_reduce"};
     self().execute(all_reduce_call(data, data, op));
   }
   //! out (n elements) = chunk `rank()` of op over ranks of in (size() * n elements).
   template <class In, class Out>
   void reduce_scatter(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "reduce_scatter"};
     self().execute(reduce_scatter_call(in, out, op));
   }
   //! out (size() * n elements) = every rank's in (n elements), in rank order.
   template <class In, class Out>
   void all_gather(In&& in, Out&& out) {
+    const failure_watch watch{self(), "all_gather"};
     self().execute(all_gather_call(in, out));
   }
   //! data on every rank = data on `root`.
   template <class Data>
   void broadcast(Data&& data, int root) {
+    const failure_watch watch{self(), "broadcast"};
     self().execute(broadcast_call(data, root));
   }
   //! out on `root` = op over ranks of in; out is ignored (may be empty) on other ranks.
   template <class In, class Out>
   void reduce(In&& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "reduce"};
     self().execute(reduce_call(in, out, root, op));
   }
   //! Chunk j of in (in.size() / size() elements each) goes to rank j, arriving as chunk rank() of its out.
   template <class In, class Out>
   void all_to_all(In&& in, Out&& out) {
+    const failure_watch watch{self(), "all_to_all"};
     self().execute(all_to_all_call(in, out));
   }
   //! Blocking point-to-point; both sides must agree on the size. Use exchange() for anything
   //! that could deadlock when issued one by one (ring shifts, pipeline stages).
   template <class Data>
   void send(Data&& data, int peer) {
+    const failure_watch watch{self(), "send"};
     const p2p_op<Space> op = make_send(data, peer, "send");
     TRIDENT_EXPECT(peer != self().rank(), "send: rank ", peer, " is this rank; a blocking send to oneself would "
                    "never complete (use exchange() with a matching recv)");
@@ -305,6 +314,7 @@ class collectives {
   }
   template <class Data>
   void recv(Data&& data, int peer) {
+    const failure_watch watch{self(), "recv"};
     const p2p_op<Space> op = make_recv(data, peer, "recv");
     TRIDENT_EXPECT(peer != self().rank(), "recv: rank ", peer, " is this rank; a blocking recv from oneself would "
                    "never complete (use exchange() with a matching send)");
@@ -312,39 +322,52 @@ class collectives {
   }
   //! Sends and receives issued together and completed together (NCCL group, MPI Isend/Irecv
   //! + Waitall). Messages between one pair of ranks match in the order they were issued.
-  void exchange(std::span<const p2p_op<Space>> ops) { self().execute(check_p2p(ops)); }
+  void exchange(std::span<const p2p_op<Space>> ops) {
+    const failure_watch watch{self(), "exchange"};
+    self().execute(check_p2p(ops));
+  }
   void exchange(std::initializer_list<p2p_op<Space>> ops) { exchange(std::span<const p2p_op<Space>>(ops.begin(), ops.size())); }
 
   // ---- asynchronous forms: the same checks, a request to wait on ------------------------------
   template <class In, class Out>
   auto all_reduce_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "all_reduce_async"};
     return self().start(all_reduce_call(in, out, op));
   }
   template <class Data>
   auto all_reduce_async(Data&& data, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "all_reduce_async"};
     return self().start(all_reduce_call(data, data, op));
   }
   template <class In, class Out>
   auto reduce_scatter_async(In&& in, Out&& out, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "reduce_scatter_async"};
     return self().start(reduce_scatter_call(in, out, op));
   }
   template <class In, class Out>
   auto all_gather_async(In&& in, Out&& out) {
+    const failure_watch watch{self(), "all_gather_async"};
     return self().start(all_gather_call(in, out));
   }
   template <class Data>
   auto broadcast_async(Data&& data, int root) {
+    const failure_watch watch{self(), "broadcast_async"};
     return self().start(broadcast_call(data, root));
   }
   template <class In, class Out>
   auto reduce_async(In&& in, Out&& out, int root, reduce_op op = reduce_op::sum) {
+    const failure_watch watch{self(), "reduce_async"};
     return self().start(reduce_call(in, out, root, op));
   }
   template <class In, class Out>
   auto all_to_all_async(In&& in, Out&& out) {
+    const failure_watch watch{self(), "all_to_all_async"};
     return self().start(all_to_all_call(in, out));
   }
-  auto exchange_async(std::span<const p2p_op<Space>> ops) { return self().start(check_p2p(ops)); }
+  auto exchange_async(std::span<const p2p_op<Space>> ops) {
+    const failure_watch watch{self(), "exchange_async"};
+    return self().start(check_p2p(ops));
+  }
   auto exchange_async(std::initializer_list<p2p_op<Space>> ops) {
     return exchange_async(std::span<const p2p_op<Space>>(ops.begin(), ops.size()));
   }
@@ -377,6 +400,19 @@ class collectives {
       return {};
     }
   }
+
+  // Tells the backend that a call failed on this rank, if it wants to know (MPI: the peers may
+  // be waiting for this rank inside the collective it abandoned; see mpi_environment).
+  struct failure_watch {
+    Derived& backend;
+    const char* what;
+    int exceptions = std::uncaught_exceptions();
+    ~failure_watch() {
+      if constexpr (requires { backend.note_failure(what); }) {
+        if (std::uncaught_exceptions() > exceptions) backend.note_failure(what);
+      }
+    }
+  };
 
   void check_root(const char* what, int root) {
     TRIDENT_EXPECT(root >= 0 && root < group_size(), what, ": root ", root, " is not a rank of this group of ",

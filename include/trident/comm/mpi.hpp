@@ -41,14 +41,22 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <list>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -62,6 +70,129 @@
 
 namespace trident {
 
+namespace detail {
+
+//! Seconds from an environment variable (a whole number >= 0), or `fallback` when unset.
+inline std::chrono::milliseconds mpi_seconds_from_environment(const char* name, std::chrono::milliseconds fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const long long seconds = std::strtoll(value, &end, 10);
+  if (*end != '\0' || seconds < 0)
+    throw usage_error(concat("environment variable ", name, "='", value, "' is not a whole number of seconds >= 0"));
+  return std::chrono::seconds(seconds);
+}
+
+//! What this process knows about the job's health at exit: whether a trident MPI call failed
+//! here (the peers may be waiting for this rank inside a collective it abandoned).
+struct mpi_exit_state {
+  std::atomic<bool> failed{false};
+  std::atomic<const char*> last_failure{nullptr};
+  static mpi_exit_state& instance() noexcept {
+    static mpi_exit_state state;
+    return state;
+  }
+};
+
+// MPI cannot cancel a collective, so a wait that a peer will never end (a different collective,
+// a rank that left) is bounded by a watchdog: one thread per process that looks at every
+// blocking trident MPI call in progress and ends the job with MPI_Abort, after saying which
+// call on which rank waited how long, once one exceeds its communicator's timeout. The fast
+// path pays two stores to this thread's slot.
+class mpi_watchdog {
+ public:
+  struct slot {
+    std::atomic<std::int64_t> since_ns{0};  // steady-clock start of the call in progress; 0 = none
+    std::atomic<std::int64_t> limit_ms{0};
+    std::atomic<const char*> what{nullptr};
+    std::atomic<int> rank{-1};
+  };
+
+  static mpi_watchdog& instance() {
+    static mpi_watchdog dog;
+    return dog;
+  }
+
+  //! This thread's slot (made on first use, kept for the life of the process).
+  slot& mine() {
+    thread_local slot* s = nullptr;
+    if (s == nullptr) {
+      std::lock_guard lock(mutex_);
+      s = &slots_.emplace_back();
+      if (!thread_.joinable()) thread_ = std::thread([this] { watch(); });
+    }
+    return *s;
+  }
+
+  //! Stops the thread (before MPI_Finalize: it must not call MPI afterwards).
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  }
+  ~mpi_watchdog() { stop(); }
+
+ private:
+  mpi_watchdog() = default;
+
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
+      const auto now = std::chrono::steady_clock::now().time_since_epoch();
+      for (const slot& s : slots_) {
+        const std::int64_t since = s.since_ns.load(std::memory_order_acquire);
+        const std::int64_t limit = s.limit_ms.load(std::memory_order_relaxed);
+        if (since == 0 || limit <= 0) continue;
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - std::chrono::nanoseconds(since));
+        if (waited.count() < limit) continue;
+        const char* what = s.what.load(std::memory_order_relaxed);
+        std::fprintf(stderr,
+                     "trident: rank %d waited %lld ms in %s (timeout %lld ms): a peer is not taking part (a different "
+                     "collective or argument, or it has left). MPI cannot cancel a collective, so the job is ended "
+                     "with MPI_Abort instead of hanging. TRIDENT_MPI_TIMEOUT (seconds, 0 = off) sets the timeout; "
+                     "TRIDENT_CHECK_COLLECTIVES=1 turns mismatches into errors.\n",
+                     s.rank.load(std::memory_order_relaxed), static_cast<long long>(waited.count()), what ? what : "an MPI call",
+                     static_cast<long long>(limit));
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+        return;
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::list<slot> slots_;  // stable addresses
+  std::thread thread_;
+  bool stop_ = false;
+};
+
+//! Marks one blocking MPI call as in progress on this thread for the watchdog.
+class mpi_deadline {
+ public:
+  mpi_deadline(const char* what, int rank, std::chrono::milliseconds limit) {
+    if (limit.count() <= 0) return;
+    slot_ = &mpi_watchdog::instance().mine();
+    slot_->what.store(what, std::memory_order_relaxed);
+    slot_->rank.store(rank, std::memory_order_relaxed);
+    slot_->limit_ms.store(limit.count(), std::memory_order_relaxed);
+    slot_->since_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_release);
+  }
+  ~mpi_deadline() {
+    if (slot_) slot_->since_ns.store(0, std::memory_order_release);
+  }
+  mpi_deadline(const mpi_deadline&) = delete;
+  mpi_deadline& operator=(const mpi_deadline&) = delete;
+
+ private:
+  mpi_watchdog::slot* slot_ = nullptr;
+};
+
+}  // namespace detail
+
 //! Initialises MPI for the lifetime of the object (MPI_Init_thread asking for
 //! MPI_THREAD_MULTIPLE; provided() says what the library granted) and finalises it on
 //! destruction. When MPI is already initialised (by the application, or by another
@@ -73,6 +204,13 @@ namespace trident {
 //!     auto world = trident::mpi_comm::world();
 //!     ...
 //!   }   // communicators first, then MPI_Finalize
+//!
+//! Leaving after an error. When a trident MPI call failed on this rank (or an exception is
+//! unwinding through the environment), the peers may be waiting for this rank inside a
+//! collective it abandoned, and MPI_Finalize would wait for them for good. So every rank first
+//! meets the others in a non-blocking barrier: a healthy job passes it at once and finalises; a
+//! rank that saw a failure waits for it at most TRIDENT_MPI_EXIT_TIMEOUT seconds (default 10)
+//! and otherwise ends the job with MPI_Abort, saying why, so the peers do not hang.
 class mpi_environment {
  public:
   mpi_environment() : mpi_environment(nullptr, nullptr) {}
@@ -85,7 +223,24 @@ class mpi_environment {
     if (!owner_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();  // a destructor cannot report a failure; MPI prints its own
+    if (finalized) return;
+    auto& state = detail::mpi_exit_state::instance();
+    const bool failed = state.failed.load() || std::uncaught_exceptions() > 0;
+    if (exit_comm_ != MPI_COMM_NULL && !meet_at_exit(failed)) {
+      int rank = -1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      const char* why = state.last_failure.load();
+      std::fprintf(stderr,
+                   "trident: rank %d leaves after an error (%s) while other ranks have not reached the end within "
+                   "%lld s; they may be waiting for it in a collective, so the job is ended with MPI_Abort instead of "
+                   "hanging in MPI_Finalize (TRIDENT_MPI_EXIT_TIMEOUT sets the wait)\n",
+                   rank, why ? why : "an exception", static_cast<long long>(exit_timeout_.count() / 1000));
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    detail::mpi_watchdog::instance().stop();
+    if (exit_comm_ != MPI_COMM_NULL) MPI_Comm_free(&exit_comm_);
+    MPI_Finalize();  // a destructor cannot report a failure; MPI prints its own
   }
 
   //! The thread level MPI granted: MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE.
@@ -104,12 +259,31 @@ class mpi_environment {
     int finalized = 0;
     detail::mpi_check(MPI_Finalized(&finalized), "MPI_Finalized");
     if (finalized) throw usage_error("mpi_environment: MPI was already finalised and cannot be initialised again");
+    exit_timeout_ = detail::mpi_seconds_from_environment("TRIDENT_MPI_EXIT_TIMEOUT", std::chrono::seconds(10));
     detail::mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_), "MPI_Init_thread");
     owner_ = true;
+    detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm_), "MPI_Comm_dup");
+  }
+
+  // Every rank enters a non-blocking barrier; a rank that saw a failure waits for it at most
+  // exit_timeout_. Returns whether it completed.
+  bool meet_at_exit(bool failed) noexcept {
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Ibarrier(exit_comm_, &request) != MPI_SUCCESS) return !failed;
+    const auto deadline = std::chrono::steady_clock::now() + exit_timeout_;
+    for (;;) {
+      int done = 0;
+      if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return !failed;
+      if (done) return true;
+      if (failed && std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   }
 
   int provided_ = MPI_THREAD_SINGLE;
   bool owner_ = false;
+  MPI_Comm exit_comm_ = MPI_COMM_NULL;
+  std::chrono::milliseconds exit_timeout_{std::chrono::seconds(10)};
 };
 
 namespace detail {
@@ -307,7 +481,8 @@ class mpi_request {
   mpi_request() noexcept = default;
 
   mpi_request(mpi_request&& other) noexcept
-      : handles_(std::move(other.handles_)), after_(std::move(other.after_)), pending_(std::exchange(other.pending_, false)) {}
+      : handles_(std::move(other.handles_)), after_(std::move(other.after_)), pending_(std::exchange(other.pending_, false)),
+        what_(other.what_), rank_(other.rank_), limit_(other.limit_) {}
 
   //! Finishes the request being replaced (as its destructor would) before taking `other`.
   mpi_request& operator=(mpi_request&& other) noexcept {
@@ -316,6 +491,9 @@ class mpi_request {
       handles_ = std::move(other.handles_);
       after_ = std::move(other.after_);
       pending_ = std::exchange(other.pending_, false);
+      what_ = other.what_;
+      rank_ = other.rank_;
+      limit_ = other.limit_;
     }
     return *this;
   }
@@ -331,8 +509,18 @@ class mpi_request {
     if (!pending_) return;
     pending_ = false;  // at most one report, even when this throws
     std::vector<MPI_Status> statuses(handles_.size());
-    const int status = MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), statuses.data());
-    complete(status, statuses, "MPI_Waitall");
+    int status = MPI_SUCCESS;
+    {
+      const detail::mpi_deadline deadline(what_, rank_, limit_);
+      status = MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), statuses.data());
+    }
+    try {
+      complete(status, statuses, "MPI_Waitall");
+    } catch (...) {
+      detail::mpi_exit_state::instance().last_failure.store(what_);
+      detail::mpi_exit_state::instance().failed.store(true);
+      throw;
+    }
   }
 
   //! True once the operation has completed (and been finished on the host); never blocks.
@@ -366,6 +554,7 @@ class mpi_request {
     MPI_Finalized(&finalized);
     if (finalized) return;  // nothing can be waited for any more
     try {
+      const detail::mpi_deadline deadline(what_, rank_, limit_);
       std::vector<MPI_Status> statuses(handles_.size());
       if (MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), statuses.data()) == MPI_SUCCESS)
         after_.run(statuses.data());
@@ -379,6 +568,10 @@ class mpi_request {
   std::vector<MPI_Request> handles_;
   detail::mpi_completion after_;
   bool pending_ = false;
+  // For the watchdog while waiting: what this is, on which rank, and the communicator's timeout.
+  const char* what_ = "an asynchronous operation";
+  int rank_ = -1;
+  std::chrono::milliseconds limit_{0};
 };
 
 //! A communicator over MPI, for host memory. It owns a duplicate of the MPI_Comm it is built
@@ -425,7 +618,8 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
         rank_(std::exchange(other.rank_, 0)),
         size_(std::exchange(other.size_, 0)),
-        check_(other.check_) {}
+        check_(other.check_),
+        timeout_(other.timeout_) {}
   mpi_comm& operator=(mpi_comm&& other) noexcept {
     if (this != &other) {
       release();
@@ -433,6 +627,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
       rank_ = std::exchange(other.rank_, 0);
       size_ = std::exchange(other.size_, 0);
       check_ = other.check_;
+      timeout_ = other.timeout_;
     }
     return *this;
   }
@@ -451,11 +646,29 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
   void check_arguments(bool on) noexcept { check_ = on; }
   bool check_arguments() const noexcept { return check_; }
 
+  //! The longest one blocking call (or wait()) may take before the watchdog ends the job with
+  //! MPI_Abort, naming the call and the rank: MPI cannot cancel a collective that a peer never
+  //! joins. Default TRIDENT_MPI_TIMEOUT seconds, else 300 s; 0 turns it off. Inherited by split().
+  void timeout(std::chrono::milliseconds limit) {
+    TRIDENT_EXPECT(limit.count() >= 0, "mpi_comm::timeout: expected >= 0 ms (0 = off), got ", limit.count());
+    timeout_ = limit;
+  }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  //! Called by the front-end when one of this communicator's calls throws on this rank: the
+  //! peers may be left waiting for it, which mpi_environment deals with at exit.
+  void note_failure(const char* what) noexcept {
+    auto& state = detail::mpi_exit_state::instance();
+    state.last_failure.store(what);
+    state.failed.store(true);
+  }
+
   // ---- what collectives<> calls ----------------------------------------------------------------
 
   //! Runs one collective; complete on return.
   void execute(const collective_call& call) {
     plan p = make_plan(call);
+    const detail::mpi_deadline deadline(name_of(call.kind), rank_, timeout_);
     switch (call.kind) {
       case collective::all_reduce:
         TRIDENT_MPI_CHECK(MPI_Allreduce(p.send, p.recv, p.count, p.type, p.op, comm_));
@@ -508,6 +721,9 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     // Moving the staging vector keeps its heap block, which MPI is writing into.
     r.after_ = std::move(p.after);
     r.pending_ = true;
+    r.what_ = name_of(call.kind);
+    r.rank_ = rank_;
+    r.limit_ = timeout_;
     return r;
   }
 
@@ -541,10 +757,24 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
       if (!is_send) r.after_.receives.push_back({i, op.count, types[i], op.peer});
     }
     r.pending_ = !r.handles_.empty();
+    r.what_ = "exchange (send/recv)";
+    r.rank_ = rank_;
+    r.limit_ = timeout_;
     return r;
   }
 
-  void barrier() { TRIDENT_MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() {
+    try {
+      // The argument check covers barriers too: a barrier against any other collective is then
+      // a usage_error on every rank, not a hang.
+      if (check_) check_agreement(collective_call{}, /*barrier=*/true);
+      const detail::mpi_deadline deadline("barrier", rank_, timeout_);
+      TRIDENT_MPI_CHECK(MPI_Barrier(comm_));
+    } catch (...) {
+      note_failure("barrier");
+      throw;
+    }
+  }
   //! Nothing to do: MPI operations are complete when they return (async ones when waited for).
   void synchronize() noexcept {}
 
@@ -553,6 +783,16 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
   //!
   //!   auto row = grid.split(grid.rank() / columns, grid.rank() % columns);
   mpi_comm split(int color, int key) {
+    try {
+      return split_checked(color, key);
+    } catch (...) {
+      note_failure("split");
+      throw;
+    }
+  }
+
+ private:
+  mpi_comm split_checked(int color, int key) {
     if (check_) {
       // One rank's bad colour must fail every rank, not leave the others inside MPI_Comm_split.
       int lowest = color;
@@ -562,11 +802,15 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     TRIDENT_EXPECT(color >= 0, "split: colour ", color, " is negative; colours must be >= 0 (every rank must "
                    "belong to a group)");
     MPI_Comm part = MPI_COMM_NULL;
-    TRIDENT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
-    return mpi_comm(adopt_tag{}, part, check_);
+    {
+      const detail::mpi_deadline deadline("split", rank_, timeout_);
+      TRIDENT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+    }
+    mpi_comm result(adopt_tag{}, part, check_);
+    result.timeout_ = timeout_;
+    return result;
   }
 
- private:
   // A fixed tag: MPI's non-overtaking rule per (source, tag, communicator) then makes messages
   // between a pair match in the order they were issued, which exchange() promises.
   static constexpr int p2p_tag = 0x7d;
@@ -708,26 +952,32 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
 
   //! The optional check: one all-reduce of (x, -x) with MPI_MAX gives every rank the maximum
   //! and the minimum of each field, so all ranks reach the same verdict.
-  void check_agreement(const collective_call& c) {
-    const bool reduction =
-        c.kind == collective::all_reduce || c.kind == collective::reduce_scatter || c.kind == collective::reduce;
-    const bool rooted = c.kind == collective::broadcast || c.kind == collective::reduce;
+  // A barrier takes part as kind 100 with no other fields.
+  void check_agreement(const collective_call& c, bool barrier = false) {
+    const bool reduction = !barrier && (c.kind == collective::all_reduce || c.kind == collective::reduce_scatter ||
+                                        c.kind == collective::reduce);
+    const bool rooted = !barrier && (c.kind == collective::broadcast || c.kind == collective::reduce);
     enum field { kind, count, type, op, root, fields };
+    constexpr std::int64_t barrier_kind = 100;
     std::int64_t values[2 * fields] = {};
-    values[kind] = static_cast<std::int64_t>(c.kind);
-    values[count] = static_cast<std::int64_t>(c.send_count);  // for reduce, the one count every rank has
-    values[type] = static_cast<std::int64_t>(c.type);
+    values[kind] = barrier ? barrier_kind : static_cast<std::int64_t>(c.kind);
+    values[count] = barrier ? 0 : static_cast<std::int64_t>(c.send_count);  // for reduce, the one count every rank has
+    values[type] = barrier ? -1 : static_cast<std::int64_t>(c.type);
     values[op] = reduction ? static_cast<std::int64_t>(c.op) : -1;
     values[root] = rooted ? c.root : -1;
     for (int i = 0; i < fields; ++i) values[fields + i] = -values[i];
-    TRIDENT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, 2 * fields, MPI_INT64_T, MPI_MAX, comm_));
+    {
+      const detail::mpi_deadline deadline("the argument check", rank_, timeout_);
+      TRIDENT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, 2 * fields, MPI_INT64_T, MPI_MAX, comm_));
+    }
     const auto low = [&](int f) { return -values[fields + f]; };
     const auto high = [&](int f) { return values[f]; };
-    const char* what = name_of(c.kind);
+    const auto kind_name = [&](std::int64_t k) { return k == barrier_kind ? "barrier" : name_of(static_cast<collective>(k)); };
+    const char* what = barrier ? "barrier" : name_of(c.kind);
     const char* where = " (found by check_arguments / TRIDENT_CHECK_COLLECTIVES)";
     if (low(kind) != high(kind))
-      throw usage_error(detail::concat(what, ": ranks disagree on the collective: ", name_of(static_cast<collective>(low(kind))),
-                                       " to ", name_of(static_cast<collective>(high(kind))), where));
+      throw usage_error(detail::concat(what, ": ranks disagree on the collective: ", kind_name(low(kind)), " to ",
+                                       kind_name(high(kind)), where));
     if (low(count) != high(count))
       throw usage_error(detail::concat(what, ": ranks disagree on the element count: ", low(count), " to ", high(count), where));
     if (low(type) != high(type))
@@ -744,6 +994,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
   int rank_ = 0;
   int size_ = 0;
   bool check_ = false;
+  std::chrono::milliseconds timeout_ = detail::mpi_seconds_from_environment("TRIDENT_MPI_TIMEOUT", std::chrono::seconds(300));
 };
 
 static_assert(request<mpi_request>);

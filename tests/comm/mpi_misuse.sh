@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# comm.mpi_misuse: misuse that used to leave an MPI job hanging for good now ends it, quickly and
+# with a message naming the call and the rank (tests/comm/mpi_misuse_worker.cpp):
+#   leave-after-error  rank 1 catches an error and leaves main while rank 0 waits in an all_reduce:
+#                      rank 1's mpi_environment ends the job (TRIDENT_MPI_EXIT_TIMEOUT=2)
+#   mismatch           a barrier against an all_reduce: the watchdog ends it (TRIDENT_MPI_TIMEOUT=3)
+#   mismatch-checked   the same with TRIDENT_CHECK_COLLECTIVES: a usage_error on both ranks, exit 0
+#   symmetric-error    both ranks catch the same error and go on: a normal exit, no abort
+#   mpi_misuse.sh MPIEXEC WORKER
+set -uo pipefail
+mpiexec=$1 worker=$2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+failures=0
+fail() { echo "FAIL ($mode): $*"; failures=$((failures + 1)); }
+
+run() {  # run MODE [VAR=VALUE...]: sets status, output, seconds
+  mode=$1; shift
+  local start=$SECONDS
+  output=$(env "$@" timeout 120 "$mpiexec" -n 2 --oversubscribe "$worker" "$mode" 2>&1)
+  status=$?
+  seconds=$((SECONDS - start))
+  echo "== $mode: exit $status after ${seconds}s"
+  echo "$output" | sed 's/^/   | /' | head -20
+}
+expect() { grep -qF -- "$1" <<<"$output" || fail "the output does not say: $1"; }
+
+run leave-after-error TRIDENT_MPI_EXIT_TIMEOUT=2
+[[ $status -ne 0 && $status -ne 124 ]] || fail "expected the job to be ended (non-zero, not the 120 s timeout), got $status"
+((seconds < 60)) || fail "took ${seconds}s"
+expect "rank 1 leaves after an error (send)"
+expect "ended with MPI_Abort"
+grep -qF "the all_reduce returned" <<<"$output" && fail "rank 0's all_reduce returned"
+
+run mismatch TRIDENT_MPI_TIMEOUT=3
+[[ $status -ne 0 && $status -ne 124 ]] || fail "expected the watchdog to end the job, got $status"
+((seconds < 60)) || fail "took ${seconds}s"
+expect "(timeout 3000 ms): a peer is not taking part"
+grep -qE "waited [0-9]+ ms in (barrier|all_reduce)" <<<"$output" || fail "the message does not name the call"
+
+run mismatch-checked TRIDENT_CHECK_COLLECTIVES=1
+[[ $status -eq 0 ]] || fail "expected a clean exit, got $status"
+[[ $(grep -c "caught: .*ranks disagree on the collective: all_reduce to barrier" <<<"$output") -eq 2 ]] ||
+  fail "expected the usage_error naming barrier and all_reduce on both ranks"
+
+run symmetric-error
+[[ $status -eq 0 ]] || fail "expected a normal exit, got $status"
+[[ $(grep -c "done, x\[0\] = 2" <<<"$output") -eq 2 ]] || fail "expected both ranks to go on"
+grep -qF "MPI_Abort" <<<"$output" && fail "the job was aborted"
+
+echo "$failures failure(s)"
+exit $((failures != 0))

@@ -1,0 +1,62 @@
+// A small MPI program that misuses the communicator on purpose, for tests/comm/mpi_misuse.sh:
+// each mode must end (the job ended with a message, or an error on every rank), never hang.
+//   mpi_misuse_worker leave-after-error | mismatch | mismatch-checked | symmetric-error
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "trident/comm/mpi.hpp"
+
+int main(int argc, char** argv) {
+  trident::mpi_environment env(argc, argv);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  auto comm = trident::mpi_comm::world();
+  std::vector<float> x(1000, 1.0f);
+  std::printf("rank %d: %s\n", comm.rank(), mode.c_str());
+  std::fflush(stdout);
+  if (mode == "leave-after-error") {
+    // Rank 1 hits an error, catches it and leaves main; rank 0 waits for it in an all_reduce.
+    if (comm.rank() == 1) {
+      try {
+        comm.send(x, 1);  // to itself: a usage_error on this rank only
+      } catch (const trident::usage_error& e) {
+        std::printf("rank 1 caught: %s\n", e.what());
+        std::fflush(stdout);
+      }
+      return 0;
+    }
+    comm.all_reduce(x);
+    std::printf("rank 0: the all_reduce returned (it must not)\n");
+  } else if (mode == "mismatch") {
+    // A barrier against an all_reduce, without the argument check: the watchdog ends the job.
+    if (comm.rank() == 0) comm.barrier();
+    else comm.all_reduce(x);
+    std::printf("rank %d: the mismatched collective returned (it must not)\n", comm.rank());
+  } else if (mode == "mismatch-checked") {
+    // The same with check_arguments: a usage_error on every rank, and a clean exit.
+    comm.check_arguments(true);
+    try {
+      if (comm.rank() == 0) comm.barrier();
+      else comm.all_reduce(x);
+      std::printf("rank %d: no error (there must be one)\n", comm.rank());
+    } catch (const trident::usage_error& e) {
+      std::printf("rank %d caught: %s\n", comm.rank(), e.what());
+    }
+  } else if (mode == "symmetric-error") {
+    // Every rank makes the same mistake and catches it: nobody waits for anybody, the job ends
+    // normally (no MPI_Abort).
+    try {
+      comm.send(x, comm.rank());
+    } catch (const trident::usage_error& e) {
+      std::printf("rank %d caught: %s\n", comm.rank(), e.what());
+    }
+    comm.all_reduce(x);
+    std::printf("rank %d: done, x[0] = %g\n", comm.rank(), static_cast<double>(x[0]));
+  } else {
+    std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
+    return 2;
+  }
+  std::fflush(stdout);
+  return 0;
+}
