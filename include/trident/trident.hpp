@@ -19,6 +19,8 @@
 #include "trident/core/memory_ledger.hpp"
 #include "trident/core/memory_space.hpp"
 
+#include "trident/exec/cuda/stream.hpp"
+
 #include "trident/launch/device.hpp"
 #include "trident/launch/launch_env.hpp"
 #include "trident/launch/rendezvous.hpp"

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh — everything that needs a GPU, in one command (under 10 minutes on one
+# H100): builds for the GPU it finds, runs every CUDA and NCCL test (NCCL with 2 and 4 ranks
+# sharing the one GPU over NCCL's socket transport, see ../shared/GPU.md), runs the GPU
+# benchmarks (fused AdamW against the device's copy bandwidth and against PyTorch, the NCCL
+# wrapper against raw NCCL), and prints one summary table. Logs go to $OUT/gpu_check when $OUT is
+# set (the device tool brings that folder back), else to build/gpu/logs.
+#
+#   bash scripts/gpu_check.sh            # exits non-zero when any step failed
+#   TRIDENT_GPU_CHECK_BUILD_ONLY=1 bash scripts/gpu_check.sh   # no GPU needed: configure + build
+#
+# Nothing is installed: the GPU machine has the toolchain, the libraries and PyTorch already.
+# Every later feature with a CUDA path adds its tests (labels gpu/cuda/nccl are picked up by
+# ctest) and, where it has one, its benchmark step below.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${TRIDENT_GPU_BUILD:-$root/build/gpu}
+logs=${OUT:+$OUT/gpu_check}
+logs=${logs:-$build/logs}
+mkdir -p "$logs"
+jobs=${TRIDENT_JOBS:-$(nproc)}
+export PATH="$PATH:/usr/local/cuda/bin"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export NCCL_SOCKET_IFNAME=lo
+
+summary=()   # "step|status|seconds|figure"
+failed=0
+step() {  # step NAME FIGURE_COMMAND -- COMMAND...: runs COMMAND, logs it, records a row
+  local name=$1 figure_cmd=$2
+  shift 3
+  local log="$logs/${name//[^A-Za-z0-9_.-]/_}.log" start=$SECONDS status
+  echo "== $name: $*"
+  "$@" >"$log" 2>&1
+  status=$?
+  local seconds=$((SECONDS - start)) verdict=pass figure=""
+  if [[ $status -eq 77 ]]; then verdict=skip
+  elif [[ $status -ne 0 ]]; then verdict="FAIL($status)"; failed=1; tail -30 "$log"
+  fi
+  [[ -n $figure_cmd ]] && figure=$(bash -c "$figure_cmd" <"$log" 2>/dev/null | tr '\n' ' ' | cut -c1-110)
+  summary+=("$name|$verdict|$seconds|$figure")
+}
+
+# ---- the GPU and its architecture ----------------------------------------------------------------
+arch=""
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv | tee "$logs/gpu.txt"
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+elif [[ ${TRIDENT_GPU_CHECK_BUILD_ONLY:-0} != 1 ]]; then
+  echo "gpu_check: no GPU here (nvidia-smi finds none); set TRIDENT_GPU_CHECK_BUILD_ONLY=1 to only build" >&2
+  exit 77
+fi
+arch=${arch:-90}
+
+# ---- build for that GPU ------------------------------------------------------------------------
+step configure "" -- cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTRIDENT_ENABLE_CUDA=ON -DTRIDENT_ENABLE_NCCL=ON \
+  -DTRIDENT_BUILD_TESTS=ON -DTRIDENT_BUILD_BENCHMARKS=ON -DTRIDENT_BUILD_EXAMPLES=ON -DTRIDENT_TSAN_TESTS=OFF
+step build "" -- cmake --build "$build" -j "$jobs"
+if [[ ${TRIDENT_GPU_CHECK_BUILD_ONLY:-0} == 1 || $failed -ne 0 ]]; then
+  printf '%-34s %-9s %6s  %s\n' step status seconds figure
+  for row in "${summary[@]}"; do IFS='|' read -r a b c d <<<"$row"; printf '%-34s %-9s %6s  %s\n' "$a" "$b" "$c" "$d"; done
+  exit $failed
+fi
+
+# ---- every CUDA / NCCL test ---------------------------------------------------------------------
+# ctest's own verdict per test (a skip is exit 77), then the multi-rank tests again with 4 ranks.
+step "ctest -L gpu|cuda|nccl" "grep -E 'tests passed|tests failed'" -- \
+  ctest --test-dir "$build" -L 'gpu|cuda|nccl' --output-on-failure -j 4
+for ranks in 4; do
+  [[ -x $build/tests/test_comm_nccl_multirank ]] && step "comm.nccl_multirank -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_comm_nccl_multirank"
+  [[ -x $build/tests/test_zero_nccl ]] && step "zero.nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_nccl"
+done
+[[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
+  mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
+
+# ---- benchmarks: ours against the device's ceilings and against PyTorch, in the same run ------
+[[ -x $build/bench/bench_adamw_cuda ]] && step "bench fused AdamW vs copy" "grep -iE 'adamw|copy' | tail -3" -- \
+  "$build/bench/bench_adamw_cuda"
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step "bench torch AdamW(fused)" "tail -1" -- python3 "$root/bench/adamw_torch.py"
+else
+  summary+=("bench torch AdamW(fused)|skip|0|no PyTorch with CUDA here")
+fi
+[[ -x $build/bench/bench_comm_overhead ]] && step "bench NCCL wrapper vs raw (host)" \
+  "grep -E '_median' | awk '{print \$1, \$2, \$3}' | head -6" -- \
+  "$build/bench/bench_comm_overhead" --benchmark_filter=nccl --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+[[ -x $build/bench/collectives ]] && step "bench NCCL all_reduce 1 rank" "grep -E '^ *[0-9]' | tail -4" -- \
+  mpirun -np 1 "$build/bench/collectives" --backend nccl -b 1M -e 256M -f 4 -n 100 -R 15
+
+# ---- one table ----------------------------------------------------------------------------------
+echo
+echo "gpu_check $(date -u +%Y-%m-%dT%H:%MZ) on $(head -2 "$logs/gpu.txt" 2>/dev/null | tail -1)  (logs: $logs)"
+printf '%-34s %-9s %6s  %s\n' step status seconds figure
+for row in "${summary[@]}"; do
+  IFS='|' read -r a b c d <<<"$row"
+  printf '%-34s %-9s %6s  %s\n' "$a" "$b" "$c" "$d"
+done | tee "$logs/summary.txt"
+exit $failed
