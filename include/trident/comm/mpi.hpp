@@ -556,12 +556,17 @@ class mpi_request {
     try {
       const detail::mpi_deadline deadline(what_, rank_, limit_);
       std::vector<MPI_Status> statuses(handles_.size());
-      if (MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), statuses.data()) == MPI_SUCCESS)
+      if (MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), statuses.data()) == MPI_SUCCESS) {
         after_.run(statuses.data());
-      else
+      } else {
         detail::abandon(handles_, after_.receives);
+        throw mpi_error(MPI_ERR_OTHER, "failed");
+      }
     } catch (...) {
-      // A destructor must not throw; the error was the caller's to collect with wait().
+      // A destructor must not throw, and the error was the caller's to collect with wait(); it
+      // is not forgotten either: the job counts as failed at exit (see mpi_environment).
+      detail::mpi_exit_state::instance().last_failure.store(what_);
+      detail::mpi_exit_state::instance().failed.store(true);
     }
   }
 
