@@ -17,3 +17,6 @@ if(TRIDENT_TSAN_TESTS AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   target_link_options(test_comm_local_tsan PRIVATE -fsanitize=thread)
   set_tests_properties(comm.local_tsan PROPERTIES ENVIRONMENT "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1")
 endif()
+
+# Random legal and illegal call sequences (seeded; bench/random_misuse.sh runs a longer budget).
+trident_add_test(comm.random SOURCES comm/test_random.cpp LIBRARIES Threads::Threads LABELS comm local TIMEOUT 600)
