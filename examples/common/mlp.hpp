@@ -157,14 +157,14 @@ struct host_staged {
     auto d = z.parameters(name);
     auto& v = params[name];
     v.resize(d.size());
-    trident::detail::copy_bytes(v.data(), true, d.data(), false, d.size_bytes());
+    trident::copy(d, trident::space_span<half_type, trident::host_space>(v));
     return {v.data(), v.size()};
   }
   trident::space_span<half_type, trident::host_space> gradients(const std::string& name) {
     auto d = z.gradients(name);
     auto& v = grads[name];
     v.resize(d.size());
-    trident::detail::copy_bytes(v.data(), true, d.data(), false, d.size_bytes());
+    trident::copy(d, trident::space_span<half_type, trident::host_space>(v));
     return {v.data(), v.size()};
   }
   void release(int layer) { z.release(layer); }
@@ -175,7 +175,7 @@ struct host_staged {
         continue;
       }
       auto d = z.gradients(it->first);
-      trident::detail::copy_bytes(d.data(), false, it->second.data(), true, d.size_bytes());
+      trident::copy(trident::space_span<const half_type, trident::host_space>(it->second), d);
       it = grads.erase(it);
     }
     z.grad_ready(layer);

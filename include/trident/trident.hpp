@@ -18,6 +18,7 @@
 #include "trident/core/half.hpp"
 #include "trident/core/memory_ledger.hpp"
 #include "trident/core/memory_space.hpp"
+#include "trident/core/space_span.hpp"
 
 #include "trident/exec/cuda/stream.hpp"
 

@@ -262,3 +262,23 @@ TEST_CASE("device_span views, subspans and converts to const") {
   for (int v : tail) sum += v;
   CHECK(sum == 7 + 8 + 9);
 }
+
+#include "trident/core/space_span.hpp"
+
+TEST_CASE("space_span: a host-accessible one is a std::span, and copy works between any spans") {
+  trident::buffer<float> b(5, trident::mem_category::other);
+  for (std::size_t i = 0; i < 5; ++i) b.data()[i] = static_cast<float>(i);
+  const trident::space_span<const float, trident::host_space> view(b);
+  const std::span<const float> plain = view;  // what nn:: layers and host optimizers take
+  CHECK(plain.size() == 5);
+  CHECK(plain[4] == 4.0f);
+  CHECK(view.host().data() == b.data());
+  std::vector<float> out(5);
+  trident::copy(view, trident::space_span<float, trident::host_space>(out));
+  CHECK(out == std::vector<float>{0, 1, 2, 3, 4});
+  std::vector<float> small(4);
+  CHECK_THROWS_WITH_AS(trident::copy(view, trident::space_span<float, trident::host_space>(small)),
+                       doctest::Contains("source has 5 elements, destination 4"), trident::usage_error);
+  static_assert(!std::is_convertible_v<trident::space_span<float, trident::cuda_space>, std::span<float>>,
+                "device memory must not pass for a host span");
+}

@@ -3,7 +3,7 @@
 // front-end that gives them one API and one set of argument checks.
 //
 //   enum class reduce_op                  sum, avg, max, min, prod
-//   template <class T, memory_space S>    space_span: {pointer, size} tagged with the memory space
+//   (space_span<T, S>, the {pointer, size} tagged with its memory space, is in core/space_span.hpp)
 //   template <memory_space S>             p2p_op: one send or receive of a grouped exchange
 //   struct collective_call                a type-erased collective, what backends execute
 //   template <class D, memory_space S>    collectives: CRTP front-end (validation, overloads)
@@ -44,6 +44,7 @@
 #include "trident/core/dtype.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/memory_space.hpp"
+#include "trident/core/space_span.hpp"
 
 namespace trident {
 
@@ -76,65 +77,6 @@ constexpr const char* name_of(collective c) noexcept {
   }
   return "unknown";
 }
-
-//! A view of `size()` elements of T that live in memory space Space. It is what communicators
-//! take, so memory of the wrong kind is a compile-time error where the types tell: a
-//! `buffer<float, cuda_space>` does not convert to `space_span<float, host_space>`, and a
-//! `std::vector` converts only to spans of host-accessible spaces.
-//!
-//!   trident::buffer<float, trident::cuda_space> grads(n);
-//!   nccl.all_reduce(grads, trident::reduce_op::avg);          // fine
-//!   std::vector<float> host(n);
-//!   nccl.all_reduce(host);                                    // does not compile
-//!   nccl.all_reduce(trident::space_span<float, trident::cuda_space>{raw_device_ptr, n});
-template <class T, memory_space Space>
-class space_span {
- public:
-  using element_type = T;
-  using value_type = std::remove_cv_t<T>;
-  using space = Space;
-
-  constexpr space_span() noexcept = default;
-  //! Wraps memory the caller vouches for (e.g. from another allocator).
-  constexpr space_span(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
-
-  //! From a buffer of the same space (or of any host-accessible space, for a host-accessible one).
-  template <class U, memory_space S2>
-    requires std::convertible_to<U (*)[], T (*)[]> &&
-             (std::same_as<S2, Space> || (S2::host_accessible && Space::host_accessible))
-  constexpr space_span(buffer<U, S2>& b) noexcept : data_(b.data()), size_(b.size()) {}  // NOLINT: implicit by design
-  template <class U, memory_space S2>
-    requires std::convertible_to<const U (*)[], T (*)[]> &&
-             (std::same_as<S2, Space> || (S2::host_accessible && Space::host_accessible))
-  constexpr space_span(const buffer<U, S2>& b) noexcept : data_(b.data()), size_(b.size()) {}  // NOLINT
-
-  //! From any contiguous host range (std::vector, std::array, std::span), for host-accessible spaces.
-  template <class R>
-    requires Space::host_accessible && std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-             (!std::same_as<std::remove_cvref_t<R>, space_span>) &&
-             std::convertible_to<std::remove_reference_t<std::ranges::range_reference_t<R>> (*)[], T (*)[]>
-  constexpr space_span(R&& r) noexcept  // NOLINT: implicit by design
-      : data_(std::ranges::data(r)), size_(static_cast<std::size_t>(std::ranges::size(r))) {}
-
-  //! space_span<T> → space_span<const T>.
-  template <class U>
-    requires(!std::same_as<U, T>) && std::convertible_to<U (*)[], T (*)[]>
-  constexpr space_span(space_span<U, Space> other) noexcept : data_(other.data()), size_(other.size()) {}
-
-  constexpr T* data() const noexcept { return data_; }
-  constexpr std::size_t size() const noexcept { return size_; }
-  constexpr std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
-  constexpr bool empty() const noexcept { return size_ == 0; }
-  constexpr space_span subspan(std::size_t offset, std::size_t count) const {
-    TRIDENT_EXPECT(offset <= size_ && count <= size_ - offset, "space_span::subspan: [", offset, ", ", offset + count,
-                   ") is outside a span of ", size_, " elements");
-    return {data_ + offset, count};
-  }
-
- private:
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 namespace detail {
 
