@@ -8,6 +8,8 @@
 //                                scaling: the range of fp32); fp32 master weights and
 //                                optimizer states whenever Half is not float
 //   using full_precision = mixed_precision<float>
+//   concept precision_policy<P>    what zero_optimizer takes as its Precision: half_type (float,
+//                                  fp16 or bf16), scaler_type (a loss_scaler), has_master
 #include <concepts>
 #include <type_traits>
 
@@ -29,5 +31,20 @@ struct mixed_precision {
 
 //! No mixed precision: fp32 weights and gradients, no master copy, no loss scaling.
 using full_precision = mixed_precision<float>;
+
+//! A precision policy: what zero_optimizer (and later the tensor-parallel layers) take as
+//! Precision. A type opts in with the three members of mixed_precision; writing
+//! mixed_precision<Half, MyScaler> is the usual way.
+template <class P>
+concept precision_policy = requires {
+  typename P::half_type;
+  typename P::scaler_type;
+  { P::has_master } -> std::convertible_to<bool>;
+} && loss_scaler<typename P::scaler_type> &&
+    (std::same_as<typename P::half_type, float> || std::same_as<typename P::half_type, fp16> ||
+     std::same_as<typename P::half_type, bf16>);
+
+static_assert(precision_policy<full_precision> && precision_policy<mixed_precision<bf16>> &&
+              precision_policy<mixed_precision<fp16>>);
 
 }  // namespace trident
