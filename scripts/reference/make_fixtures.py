@@ -101,6 +101,7 @@ def meta_line(fixture: str) -> str:
         ("torch", torch.__version__),
         ("numpy", np.__version__),
         ("python", platform.python_version()),
+        ("aten_cpu_capability", torch.backends.cpu.get_cpu_capability()),
         ("seed", SEED),
         ("generator", "scripts/reference/make_fixtures.py"),
         lines=0,
@@ -742,8 +743,16 @@ def check_files(out_dir: Path, scaler_traces, lr_traces, optim_traces) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests" / "fixtures")
+    ap.add_argument("--any-cpu", action="store_true", help="record even without torch's AVX2/AVX512 kernels")
     args = ap.parse_args()
 
+    # torch's CPU kernels fuse multiply-adds (FMA) in their AVX2/AVX512 builds and not in the
+    # DEFAULT one, which changes the last bits of the optimizer traces; make_fixtures.sh pins
+    # ATEN_CPU_CAPABILITY=avx2 (AVX512 gives the same bits).
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512") and not args.any_cpu:
+        sys.exit(f"torch runs its {capability} CPU kernels here; the fixtures are recorded with AVX2 "
+                 "(set ATEN_CPU_CAPABILITY=avx2 on an x86-64 CPU that has it, or pass --any-cpu)")
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
