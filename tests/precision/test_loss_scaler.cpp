@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "support/fixtures.hpp"
 #include "trident/precision/loss_scaler.hpp"
 #include "trident/precision/mixed_precision.hpp"
 
@@ -109,4 +110,70 @@ TEST_CASE("static_loss_scaler and the precision policies") {
   static_assert(std::is_same_v<trident::mixed_precision<trident::fp16>::scaler_type, dynamic_loss_scaler>);
   static_assert(std::is_same_v<trident::mixed_precision<trident::bf16>::scaler_type, trident::static_loss_scaler>);
   static_assert(trident::mixed_precision<trident::bf16>::has_master && !trident::full_precision::has_master);
+}
+
+TEST_CASE("dynamic_loss_scaler: identical to DeepSpeed's DynamicLossScaler on every recorded trace") {
+  const auto records = test_support::read_fixture("deepspeed_loss_scaler.txt");
+  int traces = 0, raised = 0, capped = 0;
+  long long steps_compared = 0;
+  for (const auto& r : records) {
+    if (r.keyword != "trace") continue;
+    ++traces;
+    const std::string name = r.text("name");
+    CAPTURE(name);
+    dynamic_loss_scaler::options o;
+    o.initial_scale = r.number("init_scale");
+    o.factor = r.number("scale_factor");
+    o.window = r.integer("scale_window");
+    o.min_scale = r.number("min_scale");
+    o.hysteresis = static_cast<int>(r.integer("delayed_shift"));
+    o.consecutive_hysteresis = r.integer("consecutive_hysteresis") != 0;
+    o.raise_error_at_min_scale = r.integer("raise_error_at_min_scale") != 0;
+    dynamic_loss_scaler ours(o);
+    const long long n = r.integer("steps");
+    const std::string exception = r.text("exception");
+    // The sparse lines: step, overflow, scale after, hysteresis after, raised.
+    std::size_t next = 0;
+    double want_scale = o.initial_scale;
+    int want_hysteresis = o.hysteresis;
+    bool stopped = false;
+    for (long long step = 1; step <= n && !stopped; ++step) {
+      bool overflow = false, raises = false;
+      if (next < r.lines.size() && static_cast<long long>(r.row(next)[0]) == step) {
+        const auto row = r.row(next++);
+        overflow = row[1] != 0;
+        want_scale = row[2];
+        want_hysteresis = static_cast<int>(row[3]);
+        raises = row[4] != 0;
+      }
+      if (want_scale > o.max_scale) {
+        // DeepSpeed's float kept doubling (to inf, after which it raises OverflowError on its next
+        // overflow); ours stops at max_scale. Identical up to here; then ours is finite.
+        CHECK(ours.scale() == o.max_scale);
+        CHECK(std::isfinite(ours.scale()));
+        ++capped;
+        stopped = true;
+        break;
+      }
+      if (raises) {
+        CHECK(exception == "Exception");  // the error at the minimum scale
+        CHECK_THROWS_AS(ours.update(overflow), trident::loss_scale_error);
+        ++raised;
+        stopped = true;
+      } else {
+        CHECK(ours.update(overflow) == !overflow);  // skipped exactly when it overflowed
+      }
+      if (ours.scale() != want_scale || ours.hysteresis_left() != want_hysteresis) {
+        FAIL_CHECK("step ", step, ": DeepSpeed has scale ", want_scale, " hysteresis ", want_hysteresis, ", ours ", ours.scale(),
+                   " ", ours.hysteresis_left());
+        stopped = true;
+      }
+      ++steps_compared;
+    }
+  }
+  MESSAGE(traces, " traces, ", steps_compared, " steps compared, ", raised, " raised at the minimum scale, ", capped,
+          " stopped at max_scale where DeepSpeed's scale grows past 2^127");
+  CHECK(traces >= 100);
+  CHECK(raised > 0);
+  CHECK(capped > 0);
 }

@@ -12,7 +12,8 @@
 //                                     then cosine down to cos_min_ratio at total_steps, times lr
 //   PyTorch's (torch.optim.lr_scheduler), stepped once after every optimizer step:
 //     struct constant_lr              ConstantLR with factor 1 (or no scheduler)
-//     struct linear_warmup_lr         LinearLR(start_factor, 1, warmup_steps)
+//     struct linear_warmup_lr         LinearLR(start_factor, end_factor = 1, warmup_steps)
+//     struct constant_factor_lr       ConstantLR(factor, total_iters): lr x factor, then lr
 //     struct warmup_cosine_decay_lr   SequentialLR([LinearLR warm-up, CosineAnnealingLR(T_max, eta_min)])
 //     struct warmup_linear_decay_lr   SequentialLR([LinearLR warm-up, LinearLR(1, end_factor, decay_steps)])
 //   template <optimizer Opt, lr_schedule S> struct scheduled
@@ -28,9 +29,10 @@
 //     PyTorch's step k uses the value of epoch k - 1, starting at the start factor.
 //   * DeepSpeed warms up logarithmically by default (log(i + 1) / log(warmup_steps)) and treats
 //     warmup_steps < 2 as 2; PyTorch warms up linearly.
-//   * DeepSpeed's decays reach their floor at total_steps, counted from the start of training;
-//     PyTorch's at warmup_steps + decay_steps. DeepSpeed's cosine floor is a ratio of lr
-//     (cos_min_ratio); PyTorch's is an absolute eta_min.
+//   * DeepSpeed's decays reach their floor at total_steps, counted from the start of training,
+//     and stay there; PyTorch's linear decay at warmup_steps + decay_steps, while its cosine
+//     (CosineAnnealingLR) is periodic and rises again after decay_steps. DeepSpeed's cosine
+//     floor is a ratio of lr (cos_min_ratio); PyTorch's is an absolute eta_min.
 //   * PyTorch computes each lr from the previous one (its "chainable" form), so its values can
 //     differ from these closed forms in the last few bits (relative 1e-15).
 // All arithmetic is in double, like Python's; an optimizer whose lr is a float rounds it once.
@@ -168,6 +170,7 @@ struct linear_warmup_lr {
   double lr = 1e-3;
   double start_factor = 1.0 / 3.0;  // PyTorch's default
   std::int64_t warmup_steps = 5;    // PyTorch's default total_iters
+  double end_factor = 1.0;
 
   double operator()(std::int64_t step) const { return lr * factor(step); }
   double factor(std::int64_t step) const {
@@ -175,9 +178,23 @@ struct linear_warmup_lr {
     detail::check_lr("linear_warmup_lr", "lr", lr);
     TRIDENT_EXPECT(start_factor > 0 && start_factor <= 1, "linear_warmup_lr: start_factor must be in (0, 1], got ",
                    start_factor);
+    TRIDENT_EXPECT(end_factor >= 0 && end_factor <= 1, "linear_warmup_lr: end_factor must be in [0, 1], got ", end_factor);
     TRIDENT_EXPECT(warmup_steps >= 1, "linear_warmup_lr: warmup_steps must be >= 1, got ", warmup_steps);
     const auto e = std::min(step - 1, warmup_steps);
-    return start_factor + (1.0 - start_factor) * static_cast<double>(e) / static_cast<double>(warmup_steps);
+    return start_factor + (end_factor - start_factor) * static_cast<double>(e) / static_cast<double>(warmup_steps);
+  }
+};
+
+//! PyTorch's ConstantLR(factor, total_iters): lr x factor for the first total_iters steps, then lr.
+struct constant_factor_lr {
+  double lr = 1e-3;
+  double factor = 1.0 / 3.0;       // PyTorch's default
+  std::int64_t total_iters = 5;    // PyTorch's default
+
+  double operator()(std::int64_t step) const {
+    detail::check_step_number("constant_factor_lr", step);
+    TRIDENT_EXPECT(factor >= 0 && factor <= 1, "constant_factor_lr: factor must be in [0, 1], got ", factor);
+    return step - 1 < total_iters ? lr * factor : lr;
   }
 };
 
@@ -196,7 +213,7 @@ struct warmup_cosine_decay_lr {
     detail::check_step_number("warmup_cosine_decay_lr", step);
     detail::check_lr("warmup_cosine_decay_lr", "eta_min", eta_min);
     TRIDENT_EXPECT(decay_steps >= 1, "warmup_cosine_decay_lr: decay_steps must be >= 1, got ", decay_steps);
-    if (step - 1 < warmup_steps) return linear_warmup_lr{lr, start_factor, warmup_steps}(step);
+    if (step - 1 < warmup_steps) return linear_warmup_lr{lr, start_factor, warmup_steps, 1.0}(step);
     const double t = static_cast<double>(step - 1 - warmup_steps);
     return eta_min + (lr - eta_min) * (1.0 + std::cos(std::numbers::pi * t / static_cast<double>(decay_steps))) / 2.0;
   }
@@ -216,13 +233,13 @@ struct warmup_linear_decay_lr {
     TRIDENT_EXPECT(end_factor >= 0 && end_factor <= 1, "warmup_linear_decay_lr: end_factor must be in [0, 1], got ",
                    end_factor);
     TRIDENT_EXPECT(decay_steps >= 1, "warmup_linear_decay_lr: decay_steps must be >= 1, got ", decay_steps);
-    if (step - 1 < warmup_steps) return linear_warmup_lr{lr, start_factor, warmup_steps}(step);
+    if (step - 1 < warmup_steps) return linear_warmup_lr{lr, start_factor, warmup_steps, 1.0}(step);
     const auto t = std::min(step - 1 - warmup_steps, decay_steps);
     return lr * (1.0 + (end_factor - 1.0) * static_cast<double>(t) / static_cast<double>(decay_steps));
   }
 };
 
-static_assert(lr_schedule<constant_lr> && lr_schedule<warmup_lr> && lr_schedule<warmup_decay_lr> &&
+static_assert(lr_schedule<constant_lr> && lr_schedule<constant_factor_lr> && lr_schedule<warmup_lr> && lr_schedule<warmup_decay_lr> &&
               lr_schedule<warmup_cosine_lr> && lr_schedule<linear_warmup_lr> && lr_schedule<warmup_cosine_decay_lr> &&
               lr_schedule<warmup_linear_decay_lr>);
 
