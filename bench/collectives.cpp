@@ -329,7 +329,7 @@ void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_n
   const int n = comm.size();
   if (comm.rank() == 0) {
     std::printf("# backend %s, %d ranks, %s, %s, %d iterations after %d warm-up\n", o.backend.c_str(), n,
-                trident::name_of(o.coll), std::string(trident::name_of(o.type)).c_str(), o.iters, o.warmup);
+                trident::name_of(o.coll).data(), trident::name_of(o.type).data(), o.iters, o.warmup);
     std::printf("#%11s %12s %8s %6s %5s %10s %8s %8s %6s", "size(B)", "count", "type", "redop", "root", "time(us)",
                 "algbw", "busbw", "#wrong");
     if (raw) std::printf(" %12s %8s %8s", (std::string(raw_name) + "(us)").c_str(), "busbw", "ratio");
@@ -371,8 +371,8 @@ void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_n
       const double busbw = algbw * bus_factor(o.coll, n);
       const bool reduces = o.coll == collective::all_reduce || o.coll == collective::reduce_scatter || o.coll == collective::reduce;
       if (comm.rank() == 0) {
-        std::printf("%12zu %12zu %8s %6s %5d %10.1f %8.2f %8.2f %6lld", count * sizeof(T), count, std::string(trident::name_of(o.type)).c_str(),
-                    reduces ? trident::name_of(o.op) : "none", o.root, t, algbw, busbw, wrong);
+        std::printf("%12zu %12zu %8s %6s %5d %10.1f %8.2f %8.2f %6lld", count * sizeof(T), count, trident::name_of(o.type).data(),
+                    reduces ? trident::name_of(o.op).data() : "none", o.root, t, algbw, busbw, wrong);
         if (raw) std::printf(" %12.1f %8.2f %8.3f", raw_t, size / raw_t / 1e3 * bus_factor(o.coll, n), t / raw_t);
         std::printf("\n");
       }

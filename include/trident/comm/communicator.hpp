@@ -37,6 +37,7 @@
 #include <initializer_list>
 #include <ranges>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -52,7 +53,8 @@ namespace trident {
 //! truncating division of the sum).
 enum class reduce_op { sum, avg, max, min, prod };
 
-constexpr const char* name_of(reduce_op op) noexcept {
+//! The name of a reduction (a view of a string literal, so .data() is null-terminated).
+constexpr std::string_view name_of(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
     case reduce_op::avg: return "avg";
@@ -66,7 +68,7 @@ constexpr const char* name_of(reduce_op op) noexcept {
 //! The collectives, as backends see them in a collective_call.
 enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
 
-constexpr const char* name_of(collective c) noexcept {
+constexpr std::string_view name_of(collective c) noexcept {
   switch (c) {
     case collective::all_reduce: return "all_reduce";
     case collective::reduce_scatter: return "reduce_scatter";

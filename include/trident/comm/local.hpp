@@ -51,6 +51,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -352,7 +353,7 @@ class local_comm : public collectives<local_comm, host_space> {
 
   // ---- waiting: spin briefly, then sleep on the peer's futex; abort and timeout checked -------
   template <class Ready>
-  void wait_until(Ready ready, const char* what, int peer) const {
+  void wait_until(Ready ready, std::string_view what, int peer) const {
     if (ready()) return;
     // Spin a few microseconds: with a core each, the peer is usually one step behind. Not while
     // yields lose the core to another process (local_spinning). The clock is read on every
@@ -402,10 +403,10 @@ class local_comm : public collectives<local_comm, host_space> {
     return peer >= 0 && world().left[static_cast<std::size_t>(group_->ranks[static_cast<std::size_t>(peer)])].load(
                             std::memory_order_acquire);
   }
-  error aborted_error(const char* what) const {
+  error aborted_error(std::string_view what) const {
     return error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
   }
-  void wait_progress(int peer, std::uint64_t seq, std::uint64_t steps, const char* what) const {
+  void wait_progress(int peer, std::uint64_t seq, std::uint64_t steps, std::string_view what) const {
     const std::uint64_t target = seq * detail::step_space + steps;
     auto& p = slot(peer).progress;
     wait_until([&] { return p.load(std::memory_order_acquire) >= target; }, what, peer);
@@ -424,7 +425,7 @@ class local_comm : public collectives<local_comm, host_space> {
     mine.progress.store(seq * detail::step_space, std::memory_order_relaxed);
     mine.arrived.store(seq, std::memory_order_release);
     mine.signal.publish();
-    const char* what = d.kind < 100 ? name_of(static_cast<collective>(d.kind))
+    const std::string_view what = d.kind < 100 ? name_of(static_cast<collective>(d.kind))
                                     : (d.kind == static_cast<int>(detail::local_kind::barrier) ? "barrier" : "split");
     for (int p = 0; p < size(); ++p) {
       auto& a = slot(p).arrived;
@@ -434,7 +435,7 @@ class local_comm : public collectives<local_comm, host_space> {
     for (int p = 0; p < size(); ++p) {
       const auto& o = slot(p).desc;
       if (o.kind != d.kind) {
-        const char* theirs = o.kind < 100 ? name_of(static_cast<collective>(o.kind))
+        const std::string_view theirs = o.kind < 100 ? name_of(static_cast<collective>(o.kind))
                                           : (o.kind == static_cast<int>(detail::local_kind::barrier) ? "barrier" : "split");
         finish(seq);
         throw usage_error(detail::concat(what, " #", seq, ": rank ", p, " called ", theirs, " at the same point; all ranks must "
@@ -693,7 +694,7 @@ class local_comm : public collectives<local_comm, host_space> {
   }
 
   template <class Ready>
-  void p2p_wait(std::unique_lock<std::mutex>& lock, Ready ready, const char* what, int peer) {
+  void p2p_wait(std::unique_lock<std::mutex>& lock, Ready ready, std::string_view what, int peer) {
     const auto deadline = std::chrono::steady_clock::now() + options().timeout;
     while (!ready()) {
       if (world().aborted.load(std::memory_order_acquire)) {

@@ -673,7 +673,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
   //! Runs one collective; complete on return.
   void execute(const collective_call& call) {
     plan p = make_plan(call);
-    const detail::mpi_deadline deadline(name_of(call.kind), rank_, timeout_);
+    const detail::mpi_deadline deadline(name_of(call.kind).data(), rank_, timeout_);  // name_of views literals
     switch (call.kind) {
       case collective::all_reduce:
         TRIDENT_MPI_CHECK(MPI_Allreduce(p.send, p.recv, p.count, p.type, p.op, comm_));
@@ -726,7 +726,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     // Moving the staging vector keeps its heap block, which MPI is writing into.
     r.after_ = std::move(p.after);
     r.pending_ = true;
-    r.what_ = name_of(call.kind);
+    r.what_ = name_of(call.kind).data();
     r.rank_ = rank_;
     r.limit_ = timeout_;
     return r;
@@ -865,7 +865,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
 
   plan make_plan(const collective_call& c) {
     if (check_) check_agreement(c);
-    const char* what = name_of(c.kind);
+    const char* what = name_of(c.kind).data();
     const std::size_t bytes_per = size_of(c.type);
     const bool reduction =
         c.kind == collective::all_reduce || c.kind == collective::reduce_scatter || c.kind == collective::reduce;
@@ -978,7 +978,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     const auto low = [&](int f) { return -values[fields + f]; };
     const auto high = [&](int f) { return values[f]; };
     const auto kind_name = [&](std::int64_t k) { return k == barrier_kind ? "barrier" : name_of(static_cast<collective>(k)); };
-    const char* what = barrier ? "barrier" : name_of(c.kind);
+    const char* what = barrier ? "barrier" : name_of(c.kind).data();
     const char* where = " (found by check_arguments / TRIDENT_CHECK_COLLECTIVES)";
     if (low(kind) != high(kind))
       throw usage_error(detail::concat(what, ": ranks disagree on the collective: ", kind_name(low(kind)), " to ",

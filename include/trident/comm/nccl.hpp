@@ -582,7 +582,7 @@ class nccl_comm : public collectives<nccl_comm, cuda_space> {
   }
 
   void enqueue(const collective_call& c) {
-    const char* what = name_of(c.kind);
+    const char* what = name_of(c.kind).data();
     auto& st = state(what);
     const ncclComm_t comm = st.live(what);
     const std::size_t count = nccl_count(c);
@@ -745,7 +745,7 @@ inline nccl_comm::request nccl_comm::make_request(const char* what) {
 
 inline nccl_comm::request nccl_comm::start(const collective_call& call) {
   enqueue(call);
-  return make_request(name_of(call.kind));
+  return make_request(name_of(call.kind).data());
 }
 
 inline nccl_comm::request nccl_comm::start(std::span<const p2p_op<cuda_space>> ops) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 
 #include "trident/comm/communicator.hpp"
@@ -25,7 +26,7 @@ namespace trident {
 
 enum class grid_axis { tensor = 0, data = 1, pipeline = 2 };
 
-constexpr const char* name_of(grid_axis a) noexcept {
+constexpr std::string_view name_of(grid_axis a) noexcept {
   switch (a) {
     case grid_axis::tensor: return "tensor";
     case grid_axis::data: return "data";
