@@ -3,6 +3,8 @@
 find_package(Threads REQUIRED)
 trident_add_test(zero.local SOURCES zero/test_zero.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
 target_include_directories(test_zero_local PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+# The flat layout alone: buckets and layers without tensors.
+trident_add_test(zero.flat_layout SOURCES zero/test_flat_layout.cpp LABELS zero)
 if(TARGET trident::mpi)
   trident_add_test(zero.mpi SOURCES zero/test_zero_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4 LABELS zero mpi)
   target_include_directories(test_zero_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
