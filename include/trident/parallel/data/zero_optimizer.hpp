@@ -20,11 +20,19 @@
 //   for each micro-batch:
 //     forward:  p = zero.parameters("fc1.weight") ...; zero.release(layer) (stage 3)
 //     backward: g = zero.gradients("fc1.weight"); g += ... (accumulate, scaled by loss_scale());
-//               zero.grad_ready(layer) as each layer's gradients are complete: a bucket whose
-//               layers are all ready starts its (asynchronous) reduction at once
+//               zero.grad_ready(layer) once per layer as its gradients are complete: a bucket
+//               whose layers are all ready starts its (asynchronous) reduction at once
 //   zero.step(): waits for the reductions, checks every rank's gradients for inf/NaN (a step
 //   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
+//
+// Bad use is a usage_error naming the call, the layer or bucket and what was expected, raised
+// before any collective is queued or anything is updated:
+//   - grad_ready(layer) twice in one micro-batch (stages 0-1: after its bucket was reduced in this
+//     step; stages 2-3: while its bucket's reduction is in flight). Layers without tensors are
+//     legal: grad_ready and release are no-ops for them.
+// A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
+// so its peers throw a trident::error naming it instead of waiting (see comm/local.hpp).
 //
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
@@ -120,15 +128,16 @@ class zero_optimizer {
     for (auto& s : states_) s = zeroed<float>(Stage == 0 ? full : shard, mem_category::optimizer_state);
     scalars_ = buffer<double, space>(2, mem_category::communication);  // charged to the ledger current now
     const std::size_t nb = layout_.buckets().size();
-    ready_.assign(nb, std::vector<bool>());
-    for (std::size_t b = 0; b < nb; ++b) {
-      const auto& k = layout_.buckets()[b];
-      ready_[b].assign(static_cast<std::size_t>(k.last_layer - k.first_layer + 1), false);
-    }
+    layer_ready_.assign(static_cast<std::size_t>(layout_.layers()), false);
+    with_tensors_.assign(nb, 0);
+    for (int l = 0; l < layout_.layers(); ++l)
+      if (layout_.layer_elements(l) > 0) ++with_tensors_[layout_.bucket_of_layer(l)];
+    waiting_ = with_tensors_;
+    launched_.assign(nb, false);
+    synced_.assign(nb, false);
     bucket_grads_.resize(nb);
     gathered_.resize(nb);
     pending_gather_.resize(nb);
-    synced_.assign(nb, false);
   }
 
   zero_optimizer(const zero_optimizer&) = delete;
@@ -214,15 +223,15 @@ class zero_optimizer {
     }
   }
 
-  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2). The whole
-  //! bucket is freed, so a bucket of several layers is gathered again for its next layer: choose
-  //! bucket sizes near one layer for stage 3.
+  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2, and for a
+  //! layer without tensors). The whole bucket is freed, so a bucket of several layers is gathered
+  //! again for its next layer: choose bucket sizes near one layer for stage 3.
   void release(int layer) {
+    const std::size_t b = layout_.bucket_of_layer(layer, "release");
     if constexpr (Stage == 3) {
-      const std::size_t b = layout_.bucket_of_layer(layer);
-      if (!persistent(b)) gathered_[b] = buffer<half_type, space>();
+      if (layout_.layer_elements(layer) > 0 && !persistent(b)) gathered_[b] = buffer<half_type, space>();
     } else {
-      (void)layout_.bucket_of_layer(layer);
+      (void)b;
     }
   }
 
@@ -255,31 +264,38 @@ class zero_optimizer {
     sync_ = sync;
   }
 
-  //! The gradients of `layer` are complete for this micro-batch. When every layer of a bucket is
-  //! ready its reduction starts, asynchronously.
+  //! The gradients of `layer` are complete for this micro-batch: call it once per layer and
+  //! micro-batch. When every layer of a bucket is ready its reduction starts, asynchronously.
+  //! A layer without tensors has nothing to reduce: the call is accepted and does nothing.
   void grad_ready(int layer) {
-    const std::size_t b = layout_.bucket_of_layer(layer);
-    const auto& k = layout_.buckets()[b];
-    auto flag = ready_[b].begin() + (layer - k.first_layer);
-    TRIDENT_EXPECT(!*flag, "grad_ready(", layer, "): the layer was already marked ready in this micro-batch");
-    *flag = true;
-    for (bool r : ready_[b])
-      if (!r) return;
-    std::fill(ready_[b].begin(), ready_[b].end(), false);  // the next micro-batch starts afresh
-    synced_[b] = sync_;
+    const std::size_t b = layout_.bucket_of_layer(layer, "grad_ready");
+    if (layout_.layer_elements(layer) == 0) return;
+    // Checked before anything is queued: a second reduction of the same bucket would apply its
+    // gradients twice (stages 0-1) or reduce a buffer that is freed under it (stages 2-3).
+    if (layer_ready_[static_cast<std::size_t>(layer)]) throw usage_error(already_ready(layer, b));
+    layer_ready_[static_cast<std::size_t>(layer)] = true;
+    if (--waiting_[b] > 0) return;
+    if (!sync_) {  // stages 0-1 without sync: the micro-batch accumulates locally, the next one starts afresh
+      reset_bucket(b);
+      return;
+    }
+    // The layers stay marked until the reduction finishes (stages 2-3) or the step (stages 0-1).
+    launched_[b] = true;
+    synced_[b] = true;
     launch_reduction(b);
   }
 
   //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
   //! rank's shard and all-gathers the result. Every layer must have been marked ready.
   step_result step() {
-    for (std::size_t b = 0; b < ready_.size(); ++b) {
-      for (std::size_t l = 0; l < ready_[b].size(); ++l)
-        TRIDENT_EXPECT(!ready_[b][l], "step: layer ", layout_.buckets()[b].first_layer + static_cast<int>(l),
-                       " was marked ready but other layers of its bucket were not (call grad_ready for every layer)");
-      TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", layout_.buckets()[b].first_layer, "..",
-                     layout_.buckets()[b].last_layer, " were not reduced: every layer must be marked ready (grad_ready) in "
-                     "the last micro-batch, with gradient sync on");
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto& k = layout_.buckets()[b];
+      if (!launched_[b] && waiting_[b] != with_tensors_[b])
+        for (int l = k.first_layer; l <= k.last_layer; ++l)
+          TRIDENT_EXPECT(!layer_ready_[static_cast<std::size_t>(l)], "step: layer ", l, " was marked ready but other layers of its bucket (bucket ",
+                         b, ", layers ", k.first_layer, "..", k.last_layer, ") were not (call grad_ready for every layer)");
+      TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", k.first_layer, "..", k.last_layer, " were not reduced: every layer must be "
+                     "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
     }
     finish_reductions();
 
@@ -327,11 +343,14 @@ class zero_optimizer {
     return {applied, norm, static_cast<float>(scaler_.scale())};
   }
 
-  //! Clears the gradients (step() does this itself).
+  //! Clears the gradients, after waiting for reductions in flight (step() does this itself).
   void zero_grad() {
+    finish_reductions();  // they write into the buffers cleared here
     fill_zero(grads_);
     for (auto& g : bucket_grads_) g = buffer<half_type, space>();
-    for (auto& r : ready_) std::fill(r.begin(), r.end(), false);
+    std::fill(layer_ready_.begin(), layer_ready_.end(), false);
+    waiting_ = with_tensors_;
+    std::fill(launched_.begin(), launched_.end(), false);
     std::fill(synced_.begin(), synced_.end(), false);
   }
 
@@ -390,8 +409,45 @@ class zero_optimizer {
                         working);
   }
 
+  // ---- layers and buckets -------------------------------------------------------------------
+
+  std::string describe_bucket(std::size_t b) const {
+    const auto& k = layout_.buckets()[b];
+    return detail::concat("bucket ", b, " of ", layout_.buckets().size(), " (layers ", k.first_layer, "..", k.last_layer, ")");
+  }
+
+  std::string already_ready(int layer, std::size_t b) const {
+    const std::string head = detail::concat("grad_ready(", layer, "): layer ", layer, " was already marked ready");
+    if (!launched_[b]) {
+      int missing = -1;
+      const auto& k = layout_.buckets()[b];
+      for (int l = k.first_layer; l <= k.last_layer && missing < 0; ++l)
+        if (layout_.layer_elements(l) > 0 && !layer_ready_[static_cast<std::size_t>(l)]) missing = l;
+      return detail::concat(head, " in this micro-batch; its ", describe_bucket(b), " still waits for layer ", missing,
+                            ". Expected each layer once per micro-batch");
+    }
+    if constexpr (Stage < 2) {
+      return detail::concat(head, ", and its ", describe_bucket(b), " reduced, since the last step(). Expected each layer once "
+                            "per micro-batch, and stages 0-1 reduce a bucket once per step: call set_gradient_sync(false) "
+                            "before every micro-batch but the last");
+    } else {
+      return detail::concat(head, " in this micro-batch, and the reduction of its ", describe_bucket(b), " is in flight. "
+                            "Expected each layer once per micro-batch: the bucket's next micro-batch starts when gradients() "
+                            "is asked for one of its tensors");
+    }
+  }
+
+  // The bucket's micro-batch is over: its layers may be marked ready again.
+  void reset_bucket(std::size_t b) {
+    const auto& k = layout_.buckets()[b];
+    for (int l = k.first_layer; l <= k.last_layer; ++l) layer_ready_[static_cast<std::size_t>(l)] = false;
+    waiting_[b] = with_tensors_[b];
+    launched_[b] = false;
+  }
+
+  // ---- reductions ---------------------------------------------------------------------------
+
   void launch_reduction(std::size_t b) {
-    if (!sync_) return;  // accumulate locally; the last micro-batch reduces
     const auto& k = layout_.buckets()[b];
     const reduce_op op = options_.average ? reduce_op::avg : reduce_op::sum;
     if constexpr (Stage < 2) {
@@ -400,7 +456,7 @@ class zero_optimizer {
     } else {
       // Reduce-scatter in place: this rank's chunk of the bucket buffer receives its piece.
       auto& g = bucket_grads_[b];
-      if (g.size() == 0) g = zeroed<half_type>(k.size, mem_category::communication);  // a layer without gradients
+      if (g.size() == 0) g = zeroed<half_type>(k.size, mem_category::communication);  // gradients() never asked
       const std::size_t piece = layout_.piece_size(b);
       space_span<half_type, space> mine(g.data() + static_cast<std::size_t>(rank_) * piece, piece);
       pending_reduce_.push_back({b, comm_->reduce_scatter_async(g, mine, op)});
@@ -418,7 +474,9 @@ class zero_optimizer {
         engine<space>::accumulate(*comm_, shard, g.data() + static_cast<std::size_t>(rank_) * piece, piece);
         comm_->synchronize();  // the bucket buffer is freed next
         g = buffer<half_type, space>();
+        reset_bucket(p.bucket);  // the bucket's next micro-batch may begin
       }
+      // Stages 0-1: the layers stay marked ready until step(): a bucket is reduced once per step.
     }
     pending_reduce_.clear();
   }
@@ -479,12 +537,17 @@ class zero_optimizer {
   buffer<half_type, space> grads_;    // full (stages 0-1) or shard (stages 2-3)
   std::array<buffer<float, space>, Opt::state_count> states_;  // full (stage 0) or shard
 
-  std::vector<std::vector<bool>> ready_;        // per bucket, per layer
+  // Readiness: per layer, marked in this micro-batch; per bucket, layers with tensors (those
+  // that must be marked) and how many are still to come.
+  std::vector<bool> layer_ready_;
+  std::vector<std::size_t> with_tensors_, waiting_;
+  std::vector<bool> launched_;  // the bucket's reduction was started: its layers stay marked (see grad_ready)
+  std::vector<bool> synced_;    // reduced since the last step
+
   std::vector<buffer<half_type, space>> bucket_grads_;  // stages 2-3: per-bucket gradient buffers, while in use
   std::vector<pending> pending_reduce_;
   std::vector<buffer<half_type, space>> gathered_;     // stage 3: full buckets, while gathered
   std::vector<std::optional<request_type>> pending_gather_;
-  std::vector<bool> synced_;                    // reduced since the last step
   std::optional<std::size_t> last_gathered_;
   buffer<double, space> scalars_;               // step()'s norm and overflow, reduced together
 };

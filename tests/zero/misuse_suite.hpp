@@ -1,0 +1,159 @@
+#pragma once
+// zero_optimizer under bad input, one test body per behaviour, written against the communicator
+// concept and run on every backend (thread ranks in test_zero_misuse.cpp, MPI in
+// test_zero_mpi.cpp). Every body here makes its mistake on every rank alike, or is detected
+// collectively (at step()), so every rank throws the same usage_error and goes on: no rank is
+// left waiting, on any backend. Mistakes that one rank makes alone and that fail at once on that
+// rank only need the thread backend to fail its peers; they are in test_zero_misuse.cpp.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "trident/parallel/data/zero_optimizer.hpp"
+#include "zero/zero_training.hpp"
+
+namespace misuse_suite {
+
+namespace zero = trident::zero;
+namespace toy = zero_training::toy;
+
+inline trident::optim::sgd sgd() {
+  trident::optim::sgd o;
+  o.opt.lr = 0.1f;
+  o.opt.momentum = 0.9f;
+  return o;
+}
+
+//! Three layers of 32 elements, each alone in its bucket with buckets_of(32): equal sizes, so
+//! no communicator can tell one bucket's collective from another's.
+inline trident::model_spec three_layers() {
+  trident::model_spec s;
+  s.add("a", {32}, 0).add("b", {4, 8}, 1).add("c", {32}, 2);
+  return s;
+}
+inline zero::zero_options buckets_of(std::size_t elements) {
+  zero::zero_options o;
+  o.bucket_bytes = o.first_bucket_bytes = elements * sizeof(float);
+  o.persistence_threshold = 0;  // stage 3 really gathers and releases
+  return o;
+}
+
+//! The models of issue 17 whose first layers hold no tensors, and one with an empty layer inside
+//! a bucket; each with the bucket size that makes it interesting.
+struct empty_layers_case {
+  trident::model_spec spec;
+  std::size_t bucket_elements;
+};
+inline std::vector<empty_layers_case> empty_layer_models() {
+  std::vector<empty_layers_case> m(3);
+  m[0].spec.add("big", {100}, 1).add("tail", {8}, 2);  // no tensors on layer 0, then a layer over the cap
+  m[0].bucket_elements = 30;
+  m[1].spec.add("a", {24}, 2).add("b", {24}, 3).add("c", {24}, 4);  // first tensors on layer 2, small buckets
+  m[1].bucket_elements = 30;
+  m[2].spec.add("a", {8}, 0).add("b", {8}, 2).add("c", {40}, 5);  // empty layers inside buckets
+  m[2].bucket_elements = 20;
+  return m;
+}
+
+//! The message of the usage_error that f throws (a failed check if it throws none).
+template <class F>
+std::string usage_message(F&& f) {
+  try {
+    f();
+  } catch (const trident::usage_error& e) {
+    return e.what();
+  }
+  FAIL_CHECK("expected a trident::usage_error");
+  return {};
+}
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+//! Runs f(std::integral_constant<int, Stage>) for the four stages.
+template <class F>
+void for_each_stage(F&& f) {
+  f(std::integral_constant<int, 0>{});
+  f(std::integral_constant<int, 1>{});
+  f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 3>{});
+}
+
+template <int Stage, class Comm>
+using optimizer = zero::zero_optimizer<Stage, trident::optim::sgd, Comm>;
+
+//! grad_ready twice for a layer alone in its bucket, on every rank, after every grad_ready: a
+//! usage_error each time, before anything is queued, so training ends exactly as without the
+//! mistakes (with average = false, a second reduction would have doubled the gradients).
+template <int Stage, class Comm>
+void grad_ready_twice(Comm& comm) {
+  auto options = buckets_of(32);
+  options.average = false;
+  const auto spec = three_layers();
+  const auto clean = toy::train<Stage>(comm, spec, sgd(), options, 3);
+  optimizer<Stage, Comm> z(comm, spec, sgd(), options);
+  toy::initialise(z, spec);
+  toy::walk how;
+  how.after_ready = [&](int layer) {
+    const std::string l = std::to_string(layer);
+    const auto what = usage_message([&] { z.grad_ready(layer); });
+    INFO(what);
+    CHECK(contains(what, "grad_ready(" + l + "): layer " + l + " was already marked ready"));
+    CHECK(contains(what, "bucket " + l + " of 3 (layers " + l + ".." + l + ")"));
+    CHECK(contains(what, "Expected each layer once per micro-batch"));
+  };
+  for (int s = 0; s < 3; ++s) {
+    toy::step_samples(z, spec, s, comm.rank(), comm.size(), how);
+    z.step();
+  }
+  CHECK(toy::parameters(z, spec) == clean);
+}
+
+//! grad_ready twice in a bucket of two layers: while the bucket waits for its other layer, and
+//! once its reduction is queued. In stages 0-1 a second micro-batch with gradient sync on would
+//! reduce the buckets again; in stages 2-3 it is legal.
+template <int Stage, class Comm>
+void grad_ready_twice_in_shared_bucket(Comm& comm) {
+  trident::model_spec spec;
+  spec.add("a", {32}, 0).add("b", {16}, 1).add("c", {16}, 2);  // layers 1 and 2 share a bucket
+  optimizer<Stage, Comm> z(comm, spec, sgd(), buckets_of(32));
+  toy::initialise(z, spec);
+  REQUIRE(z.layout().buckets().size() == 2);
+  toy::walk how;
+  how.after_ready = [&](int layer) {
+    if (layer == 2) {
+      const auto what = usage_message([&] { z.grad_ready(2); });
+      CHECK(contains(what, "grad_ready(2): layer 2 was already marked ready in this micro-batch; its bucket 1 of 2 (layers 1..2) "
+                           "still waits for layer 1"));
+    }
+    if (layer == 1) {
+      const auto what = usage_message([&] { z.grad_ready(2); });
+      CHECK(contains(what, "grad_ready(2): layer 2 was already marked ready"));
+      CHECK(contains(what, "bucket 1 of 2 (layers 1..2)"));
+      CHECK(contains(what, Stage < 2 ? "set_gradient_sync(false)" : "is in flight"));
+    }
+  };
+  toy::step_samples(z, spec, 0, comm.rank(), comm.size(), how);
+  if constexpr (Stage < 2) {
+    const auto what = usage_message([&] { toy::step_samples(z, spec, 1, comm.rank(), comm.size()); });
+    CHECK(contains(what, "since the last step(). Expected each layer once per micro-batch"));
+    z.zero_grad();
+  }
+  toy::step_samples(z, spec, 1, comm.rank(), comm.size());
+  CHECK(z.step().applied);
+}
+
+//! Layers without tensors are legal: the model trains like one rank on the global batch
+//! (`serial`: toy::train<0> on one rank), every stage alike, whether or not grad_ready and
+//! release are called for the empty layers.
+template <int Stage, class Comm>
+void layers_without_tensors(Comm& comm, const empty_layers_case& m, bool skip_empty, const std::vector<float>& serial,
+                            const std::vector<float>& stage0) {
+  toy::walk how;
+  how.skip_empty = skip_empty;
+  const auto mine = toy::train<Stage>(comm, m.spec, sgd(), buckets_of(m.bucket_elements), 4, how);
+  CHECK(zero_training::relative_difference(mine, serial) <= 1e-6);
+  if (!stage0.empty()) CHECK(mine == stage0);  // bit for bit with stage 0 (thread backend)
+}
+
+}  // namespace misuse_suite

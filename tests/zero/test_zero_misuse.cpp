@@ -1,0 +1,143 @@
+// zero_optimizer and flat_layout under bad input (issue 17) on thread ranks: every mistake is a
+// clear usage_error on every rank, before anything is corrupted, and never a crash or a hang;
+// input that is legal (layers without tensors) trains exactly like one rank. The bodies shared
+// with MPI are in misuse_suite.hpp; here also what only the thread backend can show: one rank's
+// mistake failing its peers at once.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "trident/comm/local.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
+#include "zero/misuse_suite.hpp"
+
+using trident::local_comm;
+using trident::local_world;
+namespace zero = trident::zero;
+namespace optim = trident::optim;
+namespace toy = zero_training::toy;
+using misuse_suite::buckets_of;
+using misuse_suite::contains;
+using misuse_suite::for_each_stage;
+using misuse_suite::sgd;
+using misuse_suite::three_layers;
+
+namespace {
+
+// What one rank ended with.
+struct outcome {
+  bool threw = false, usage = false;
+  std::string what;
+};
+
+// Runs fn on n thread ranks, each of which must end in an exception (a usage_error for the
+// culprits, a trident::error naming the culprit's usage_error for the others), within seconds:
+// nobody hangs. run() must rethrow the root cause, a usage_error. Returns each rank's outcome.
+template <class Fn>
+std::vector<outcome> fails_everywhere(int n, Fn fn) {
+  std::vector<outcome> out(static_cast<std::size_t>(n));
+  trident::local_options options;
+  options.timeout = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
+  bool root_cause_is_usage = false;
+  try {
+    local_world::run(
+        n,
+        [&](local_comm& comm) {
+          auto& me = out[static_cast<std::size_t>(comm.rank())];
+          try {
+            fn(comm);
+          } catch (const trident::usage_error& e) {
+            me = {true, true, e.what()};
+            throw;
+          } catch (const std::exception& e) {
+            me = {true, false, e.what()};
+            throw;
+          }
+        },
+        options);
+  } catch (const trident::usage_error&) {
+    root_cause_is_usage = true;
+  } catch (...) {
+  }
+  CHECK(root_cause_is_usage);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  return out;
+}
+
+// Every rank threw; every message contains each of `needles`; the ranks in `culprits` threw a
+// usage_error (all of them when culprits is empty).
+void check_outcomes(const std::vector<outcome>& out, const std::vector<std::string>& needles, const std::vector<int>& culprits = {}) {
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(out[r].threw);
+    for (const auto& n : needles) CHECK(out[r].what.find(n) != std::string::npos);
+    const bool culprit = culprits.empty() || std::find(culprits.begin(), culprits.end(), static_cast<int>(r)) != culprits.end();
+    if (culprit) CHECK(out[r].usage);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("zero misuse: grad_ready twice for a layer alone in its bucket, by every rank: usage_error, nothing reduced twice") {
+  for (int n : {1, 2, 3})
+    for_each_stage([&](auto stage) {
+      INFO("stage ", stage.value, ", ", n, " ranks");
+      local_world::run(n, [](local_comm& c) { misuse_suite::grad_ready_twice<decltype(stage)::value>(c); });
+    });
+}
+
+TEST_CASE("zero misuse: grad_ready twice by one rank only: the same usage_error there, the others fail at once naming it") {
+  for_each_stage([](auto stage) {
+    constexpr int Stage = decltype(stage)::value;
+    INFO("stage ", Stage);
+    auto options = buckets_of(32);
+    options.average = false;
+    const auto spec = three_layers();
+    const auto out = fails_everywhere(3, [&](local_comm& comm) {
+      toy::walk how;
+      zero::zero_optimizer<Stage, optim::sgd, local_comm> z(comm, spec, sgd(), options);
+      toy::initialise(z, spec);
+      how.after_ready = [&](int layer) {
+        if (comm.rank() == 1 && layer == 2) z.grad_ready(2);
+      };
+      toy::micro_batch(z, spec, static_cast<std::size_t>(comm.rank()) * 4, 4, 4, how);
+      z.step();
+    });
+    check_outcomes(out, {"grad_ready(2): layer 2 was already marked ready", "bucket 2 of 3 (layers 2..2)"}, {1});
+    for (int r : {0, 2}) CHECK(contains(out[static_cast<std::size_t>(r)].what, "rank 1 failed"));
+  });
+}
+
+TEST_CASE("zero misuse: grad_ready twice inside a bucket of several layers; stages 0-1 reducing a bucket twice in a step") {
+  for_each_stage([](auto stage) {
+    INFO("stage ", stage.value);
+    local_world::run(2, [](local_comm& c) { misuse_suite::grad_ready_twice_in_shared_bucket<decltype(stage)::value>(c); });
+  });
+}
+
+TEST_CASE("zero misuse: layers without tensors are legal and train exactly like one rank on the global batch") {
+  const auto models = misuse_suite::empty_layer_models();
+  for (std::size_t m = 0; m < models.size(); ++m)
+    for (bool skip_empty : {false, true}) {
+      toy::walk how;
+      how.skip_empty = skip_empty;
+      const auto options = buckets_of(models[m].bucket_elements);
+      const auto serial = local_world::run(1, [&](local_comm& c) { return toy::train<0>(c, models[m].spec, sgd(), options, 4, how); })[0];
+      for (int n : {1, 2, 3}) {
+        INFO("model ", m, (skip_empty ? ", empty layers skipped" : ", empty layers marked ready"), ", ", n, " ranks");
+        const auto stage0 = local_world::run(n, [&](local_comm& c) { return toy::train<0>(c, models[m].spec, sgd(), options, 4, how); })[0];
+        for_each_stage([&](auto stage) {
+          local_world::run(n, [&](local_comm& c) {
+            misuse_suite::layers_without_tensors<decltype(stage)::value>(c, models[m], skip_empty, serial, stage0);
+          });
+        });
+      }
+    }
+}
+
