@@ -156,4 +156,47 @@ void layers_without_tensors(Comm& comm, const empty_layers_case& m, bool skip_em
   if (!stage0.empty()) CHECK(mine == stage0);  // bit for bit with stage 0 (thread backend)
 }
 
+//! Rank 1 visits layer 2 before layer 1 (data-dependent control flow), so its bucket collectives
+//! come in another order. step() throws the same usage_error on every rank, naming the first
+//! position and both buckets, applies nothing, and training goes on as if that step never was.
+template <int Stage, class Comm>
+void different_orders(Comm& comm) {
+  if (comm.size() < 2) return;
+  const auto spec = three_layers();
+  auto options = buckets_of(32);
+  // With prefetch, rank 1 would gather one bucket more, and the communicator itself would meet
+  // an all-gather against a reduce-scatter (a usage_error from the thread backend; MPI without
+  // its argument check cannot tell).
+  options.prefetch = false;
+  auto later_steps = [&](optimizer<Stage, Comm>& z) {
+    for (int s = 1; s < 3; ++s) {
+      toy::step_samples(z, spec, s, comm.rank(), comm.size());
+      z.step();
+    }
+    return toy::parameters(z, spec);
+  };
+  optimizer<Stage, Comm> reference(comm, spec, sgd(), options);
+  toy::initialise(reference, spec);
+  const auto expected = later_steps(reference);
+
+  optimizer<Stage, Comm> z(comm, spec, sgd(), options);
+  toy::initialise(z, spec);
+  toy::walk data_dependent;
+  if (comm.rank() == 1) data_dependent.forward = {0, 2, 1};
+  toy::step_samples(z, spec, 0, comm.rank(), comm.size(), data_dependent);
+  const auto what = usage_message([&] { z.step(); });
+  INFO(what);
+  CHECK(contains(what, "step: the ranks issued their bucket collectives in different orders"));
+  if (Stage == 3) {
+    CHECK(contains(what, "collective 2 was the all-gather of bucket 1 of 3 (layers 1..1) on rank 0 but the all-gather of "
+                         "bucket 2 of 3 (layers 2..2) on rank 1"));
+  } else {
+    const std::string kind = Stage < 2 ? "all-reduce" : "reduce-scatter";
+    CHECK(contains(what, "the " + kind + " of bucket 2 of 3 (layers 2..2) on rank 0 but the " + kind +
+                             " of bucket 1 of 3 (layers 1..1) on rank 1"));
+  }
+  CHECK(contains(what, "Nothing was applied"));
+  CHECK(later_steps(z) == expected);
+}
+
 }  // namespace misuse_suite

@@ -141,3 +141,10 @@ TEST_CASE("zero misuse: layers without tensors are legal and train exactly like 
     }
 }
 
+TEST_CASE("zero misuse: ranks that touch layers in different orders get a usage_error naming both buckets, and nothing moves") {
+  for (int n : {2, 3})
+    for_each_stage([&](auto stage) {
+      INFO("stage ", stage.value, ", ", n, " ranks");
+      local_world::run(n, [](local_comm& c) { misuse_suite::different_orders<decltype(stage)::value>(c); });
+    });
+}

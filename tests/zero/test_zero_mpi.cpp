@@ -58,6 +58,7 @@ TEST_CASE("zero over MPI: misuse is the same usage_error on every rank, before a
     INFO("stage ", Stage, " on ", comm.size(), " MPI ranks");
     misuse_suite::grad_ready_twice<Stage>(comm);
     misuse_suite::grad_ready_twice_in_shared_bucket<Stage>(comm);
+    misuse_suite::different_orders<Stage>(comm);
   });
 }
 

@@ -31,13 +31,22 @@
 //   - grad_ready(layer) twice in one micro-batch (stages 0-1: after its bucket was reduced in this
 //     step; stages 2-3: while its bucket's reduction is in flight). Layers without tensors are
 //     legal: grad_ready and release are no-ops for them.
+//   - ranks whose bucket collectives (reductions, stage-3 gathers) come in different orders:
+//     collectives are matched by position, so two equal-sized buckets would be silently swapped.
+//     Every rank records the sequence it issued; step() compares them (a digest and a count per
+//     rank travel in the all-gather step() makes anyway) and, if they differ, every rank throws the
+//     same usage_error naming the first position and both buckets. It is caught at the next
+//     step(), before any update: that micro-batch's forward and backward already ran on the
+//     wrong data. Discovering it at each gather would cost a collective (and a host wait on GPUs)
+//     per gather.
 // A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
 // so its peers throw a trident::error naming it instead of waiting (see comm/local.hpp).
 //
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
 // stage reduces each bucket with the same summation order and updates the same elements with
-// the same arithmetic; the gradient norm is always summed over the same shard pieces.
+// the same arithmetic; the gradient norm is always summed over the same shard pieces, in rank
+// order.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -126,7 +135,8 @@ class zero_optimizer {
     if constexpr (has_master) master_ = zeroed<float>(Stage == 0 ? full : shard, mem_category::parameters);
     grads_ = zeroed<half_type>(Stage < 2 ? full : shard, mem_category::gradients);
     for (auto& s : states_) s = zeroed<float>(Stage == 0 ? full : shard, mem_category::optimizer_state);
-    scalars_ = buffer<double, space>(2, mem_category::communication);  // charged to the ledger current now
+    // step()'s all-gather of every rank's report, charged to the ledger current now.
+    reports_ = buffer<double, space>(report_fields * static_cast<std::size_t>(dp.size()), mem_category::communication);
     const std::size_t nb = layout_.buckets().size();
     layer_ready_.assign(static_cast<std::size_t>(layout_.layers()), false);
     with_tensors_.assign(nb, 0);
@@ -299,7 +309,7 @@ class zero_optimizer {
     }
     finish_reductions();
 
-    // Overflow and norm over this rank's pieces, then over the group.
+    // Overflow and norm over this rank's pieces; then every rank's report, in one all-gather.
     const float unscale = static_cast<float>(1.0 / scaler_.scale());
     double sum_squares = 0;
     bool finite = true;
@@ -308,9 +318,14 @@ class zero_optimizer {
       sum_squares += st.sum_squares;
       finite = finite && st.finite;
     }
-    // One all-reduce for both: the sum of squares, and how many ranks saw a non-finite value.
-    const auto [norm_squared, nonfinite_ranks] = reduce_pair(sum_squares, finite ? 0.0 : 1.0);
-    const bool overflow = nonfinite_ranks != 0;
+    const auto reports = exchange_reports(sum_squares, finite);
+    check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
+    double norm_squared = 0;
+    bool overflow = false;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(comm_->size()); ++r) {
+      norm_squared += reports[r * report_fields + 0];  // in rank order: the same sum on every rank
+      overflow = overflow || reports[r * report_fields + 1] != 0;
+    }
     const double norm = std::sqrt(norm_squared);
     const bool applied = scaler_.update(overflow);
 
@@ -361,6 +376,12 @@ class zero_optimizer {
     request_type request;
   };
 
+  // What each rank contributes to step()'s all-gather.
+  static constexpr std::size_t report_fields = 4;  // sum of squares, non-finite, collectives, digest
+  // Bucket collectives remembered one by one to name the first disagreement (the digest covers all).
+  static constexpr std::size_t recorded_collectives = 1024;
+  static constexpr std::uint64_t fnv_basis = 1469598103934665603ull;
+
   template <class T>
   static buffer<T, space> zeroed(std::size_t n, mem_category c) {
     buffer<T, space> b(n, c);
@@ -371,19 +392,6 @@ class zero_optimizer {
   template <class T>
   static void upload(buffer<T, space>& dst, std::size_t at, const T* host, std::size_t n) {
     detail::copy_bytes(dst.data() + at, space::host_accessible, host, true, n * sizeof(T));
-  }
-
-  // Two doubles summed over the group, through the communicator's memory space, in a buffer
-  // kept for the optimizer's lifetime (allocating one per step would be a cudaMalloc/cudaFree,
-  // and a device-wide synchronisation, on every step of the CUDA path).
-  std::pair<double, double> reduce_pair(double first, double second) {
-    const double values[2] = {first, second};
-    upload(scalars_, 0, values, 2);
-    comm_->all_reduce(scalars_, reduce_op::sum);
-    comm_->synchronize();
-    double reduced[2];
-    detail::copy_bytes(reduced, true, scalars_.data(), space::host_accessible, sizeof reduced);
-    return {reduced[0], reduced[1]};
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
@@ -461,6 +469,7 @@ class zero_optimizer {
       space_span<half_type, space> mine(g.data() + static_cast<std::size_t>(rank_) * piece, piece);
       pending_reduce_.push_back({b, comm_->reduce_scatter_async(g, mine, op)});
     }
+    record(b, false);
   }
 
   void finish_reductions() {
@@ -481,6 +490,88 @@ class zero_optimizer {
     pending_reduce_.clear();
   }
 
+  // ---- ranks agree: step()'s all-gather of reports -------------------------------------------
+
+  // Every bucket collective (reduction or stage-3 gather) this rank queued since the last step,
+  // in order: ranks must agree, since collectives are matched by position.
+  void record(std::size_t b, bool gather) {
+    const std::uint64_t code = 2 * static_cast<std::uint64_t>(b) + (gather ? 1 : 0);
+    digest_ = (digest_ ^ code) * 1099511628211ull;  // FNV-1a
+    if (sequence_.size() < recorded_collectives) sequence_.push_back(code);
+    ++collectives_;
+  }
+
+  // All-gathered rather than all-reduced: every rank sees every report, so every rank can name
+  // the rank that differs, and sums the norm in the same (rank) order. The buffer is kept for
+  // the optimizer's life (allocating one per step would be a cudaMalloc/cudaFree, and a
+  // device-wide synchronisation, on every step of the CUDA path).
+  std::vector<double> exchange_reports(double sum_squares, bool finite) {
+    // Integers below 2^53 travel exactly in doubles.
+    const double mine[report_fields] = {sum_squares, finite ? 0.0 : 1.0, static_cast<double>(collectives_),
+                                        static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1))};
+    const std::size_t at = static_cast<std::size_t>(rank_) * report_fields;
+    upload(reports_, at, mine, report_fields);
+    comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
+    comm_->synchronize();
+    return to_vector(reports_);
+  }
+
+  // Every rank holds every report, so every rank throws the same error; the step is discarded
+  // first so the optimizer can go on.
+  void check_reports(const std::vector<double>& reports) {
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    auto field = [&](std::size_t r, std::size_t f) { return reports[r * report_fields + f]; };
+    for (std::size_t r = 1; r < n; ++r)
+      if (field(r, 2) != field(0, 2) || field(r, 3) != field(0, 3)) throw_order_mismatch(reports);
+    collectives_ = 0;
+    digest_ = fnv_basis;
+    sequence_.clear();
+  }
+
+  void discard_step() {
+    zero_grad();
+    invalidate_gathered();  // stage 3: a bucket gathered out of order may hold another bucket's values
+    collectives_ = 0;
+    digest_ = fnv_basis;
+    sequence_.clear();
+  }
+
+  // The ranks' bucket collectives differ: exchange the recorded sequences (error path only) and
+  // name the first position where they part.
+  [[noreturn]] void throw_order_mismatch(const std::vector<double>& reports) {
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    std::size_t longest = 0;
+    for (std::size_t r = 0; r < n; ++r) longest = std::max(longest, static_cast<std::size_t>(reports[r * report_fields + 2]));
+    const std::size_t len = std::max<std::size_t>(1, std::min(longest, recorded_collectives));  // the same on every rank
+    std::vector<double> mine(len, -1.0);
+    for (std::size_t i = 0; i < std::min(len, sequence_.size()); ++i) mine[i] = static_cast<double>(sequence_[i]);
+    buffer<double, space> all(len * n, mem_category::communication);
+    upload(all, static_cast<std::size_t>(rank_) * len, mine.data(), len);
+    comm_->all_gather(space_span<const double, space>(all.data() + static_cast<std::size_t>(rank_) * len, len), all);
+    comm_->synchronize();
+    const auto seq = to_vector(all);
+    discard_step();
+    auto what = [&](std::size_t r, double code) {
+      if (code < 0)
+        return detail::concat("nothing (rank ", r, " issued ", static_cast<std::size_t>(reports[r * report_fields + 2]), ")");
+      const auto c = static_cast<std::uint64_t>(code);
+      return detail::concat(c % 2 ? "the all-gather of " : (Stage < 2 ? "the all-reduce of " : "the reduce-scatter of "),
+                            describe_bucket(static_cast<std::size_t>(c / 2)));
+    };
+    for (std::size_t i = 0; i < len; ++i)
+      for (std::size_t r = 1; r < n; ++r)
+        if (seq[r * len + i] != seq[i])
+          throw usage_error(detail::concat(
+              "step: the ranks issued their bucket collectives in different orders, and collectives are matched by "
+              "position, not by bucket: since the last step, collective ", i + 1, " was ", what(0, seq[i]), " on rank 0 but ",
+              what(r, seq[r * len + i]), " on rank ", r, ", so data of one bucket went into another. Expected every rank to "
+              "touch its layers (parameters() in stage 3, grad_ready()) in the same order. Nothing was applied"));
+    throw usage_error(detail::concat("step: the ranks issued their bucket collectives in different orders (beyond the first ",
+                                     recorded_collectives, " since the last step), and collectives are matched by position, "
+                                     "not by bucket. Expected every rank to touch its layers in the same order. Nothing was "
+                                     "applied"));
+  }
+
   // ---- stage 3 gathering --------------------------------------------------------------------
   bool persistent(std::size_t b) const { return layout_.buckets()[b].used < options_.persistence_threshold; }
 
@@ -493,6 +584,7 @@ class zero_optimizer {
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
       detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
       pending_gather_[b].emplace(comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]));
+      record(b, true);
     } else {
       (void)b;
     }
@@ -549,7 +641,10 @@ class zero_optimizer {
   std::vector<buffer<half_type, space>> gathered_;     // stage 3: full buckets, while gathered
   std::vector<std::optional<request_type>> pending_gather_;
   std::optional<std::size_t> last_gathered_;
-  buffer<double, space> scalars_;               // step()'s norm and overflow, reduced together
+
+  std::uint64_t collectives_ = 0, digest_ = fnv_basis;  // bucket collectives since the last step
+  std::vector<std::uint64_t> sequence_;                 // the first recorded_collectives of them
+  buffer<double, space> reports_;                        // step()'s all-gather: report_fields per rank
 };
 
 }  // namespace trident::zero
