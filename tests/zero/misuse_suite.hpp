@@ -7,6 +7,8 @@
 // rank only need the thread backend to fail its peers; they are in test_zero_misuse.cpp.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -197,6 +199,94 @@ void different_orders(Comm& comm) {
   }
   CHECK(contains(what, "Nothing was applied"));
   CHECK(later_steps(z) == expected);
+}
+
+//! Rank 1 adds to layer 2's gradients after grad_ready(2): through a span it held from before
+//! (`old_span`) or through a new gradients() call. step() throws the same usage_error on every
+//! rank, naming rank 1 and the bucket, and applies nothing. Needs checked mode, except for a new
+//! gradients() call in stages 2-3 (a micro-batch that is never reduced, caught in any mode).
+template <int Stage, class Comm>
+void written_after_ready(Comm& comm, bool checked, bool old_span) {
+  if (comm.size() < 2) return;
+  const auto spec = three_layers();
+  auto options = buckets_of(32);
+  options.check_usage = checked;
+  auto one_step = [&](optimizer<Stage, Comm>& z) {
+    toy::step_samples(z, spec, 1, comm.rank(), comm.size());
+    z.step();
+    return toy::parameters(z, spec);
+  };
+  optimizer<Stage, Comm> reference(comm, spec, sgd(), options);
+  toy::initialise(reference, spec);
+  const auto expected = one_step(reference);
+
+  optimizer<Stage, Comm> z(comm, spec, sgd(), options);
+  toy::initialise(z, spec);
+  std::optional<trident::space_span<float, trident::host_space>> held;
+  toy::walk late;
+  late.before_ready = [&](int layer) {
+    if (layer == 2) held = z.gradients("c");
+  };
+  late.after_ready = [&](int layer) {
+    if (comm.rank() != 1 || layer != 2) return;
+    auto g = old_span ? *held : z.gradients("c");
+    g.data()[3] += 1.0f;  // too late: bucket 2's reduction has (or may have) taken its gradients
+  };
+  toy::step_samples(z, spec, 0, comm.rank(), comm.size(), late);
+  const auto what = usage_message([&] { z.step(); });
+  INFO(what);
+  if (Stage >= 2 && !old_span)
+    CHECK(contains(what, "step: on rank 1, gradients of bucket 2 of 3 (layers 2..2) were written after the bucket's last "
+                         "reduction and never reduced"));
+  else
+    CHECK(contains(what, "step: on rank 1, gradients of bucket 2 of 3 (layers 2..2) were written after grad_ready()"));
+  CHECK(contains(what, "Nothing was applied"));
+  CHECK(one_step(z) == expected);
+}
+
+//! Stage 3, checked mode: a parameters() span read after release() holds NaN (a forward through
+//! it computes NaN), even while another bucket of the same size is gathered; gathered again, the
+//! bucket is back in the same memory, so the old span sees this bucket's values, never another's.
+template <class Comm>
+void stale_parameters_read_nan(Comm& comm) {
+  const auto spec = three_layers();
+  auto options = buckets_of(32);
+  options.check_usage = true;
+  options.prefetch = false;
+  optimizer<3, Comm> z(comm, spec, sgd(), options);
+  toy::initialise(z, spec);
+  auto a = z.parameters("a");
+  const std::vector<float> before(a.data(), a.data() + a.size());
+  for (float v : before) CHECK(std::isfinite(v));
+  z.release(0);
+  (void)z.parameters("b");
+  bool all_nan = true;
+  for (std::size_t i = 0; i < a.size(); ++i) all_nan = all_nan && std::isnan(a.data()[i]);
+  CHECK(all_nan);
+  auto again = z.parameters("a");
+  CHECK(again.data() == a.data());
+  CHECK(std::vector<float>(again.data(), again.data() + again.size()) == before);
+  toy::step_samples(z, spec, 0, comm.rank(), comm.size());
+  auto b = z.parameters("b");
+  z.step();  // releases every bucket
+  CHECK(std::isnan(b.data()[0]));
+}
+
+//! Checked mode changes no result: the MLP and the toy model with two micro-batches per step
+//! train bit for bit as without it.
+template <int Stage, class Comm>
+void checked_mode_is_exact(Comm& comm) {
+  auto checked = zero_training::small_buckets();
+  checked.check_usage = true;
+  auto unchecked = checked;
+  unchecked.check_usage = false;
+  CHECK(zero_training::by_name<Stage>(comm, sgd(), 5, checked) == zero_training::by_name<Stage>(comm, sgd(), 5, unchecked));
+  const auto spec = three_layers();
+  auto toy_options = buckets_of(32);
+  toy_options.check_usage = true;
+  const auto a = toy::train<Stage>(comm, spec, sgd(), toy_options, 3, {}, 2);
+  toy_options.check_usage = false;
+  CHECK(toy::train<Stage>(comm, spec, sgd(), toy_options, 3, {}, 2) == a);
 }
 
 }  // namespace misuse_suite

@@ -148,3 +148,26 @@ TEST_CASE("zero misuse: ranks that touch layers in different orders get a usage_
       local_world::run(n, [](local_comm& c) { misuse_suite::different_orders<decltype(stage)::value>(c); });
     });
 }
+
+TEST_CASE("zero checked mode: gradients written after grad_ready are a usage_error at step() on every rank, naming rank and bucket") {
+  for (bool old_span : {true, false})
+    for_each_stage([&](auto stage) {
+      INFO("stage ", stage.value, (old_span ? ", through a span held from before" : ", through a new gradients() call"));
+      local_world::run(3, [&](local_comm& c) { misuse_suite::written_after_ready<decltype(stage)::value>(c, true, old_span); });
+    });
+  // Without checked mode, stages 2-3 still catch gradients of a micro-batch that is never reduced.
+  local_world::run(3, [](local_comm& c) { misuse_suite::written_after_ready<2>(c, false, false); });
+  local_world::run(3, [](local_comm& c) { misuse_suite::written_after_ready<3>(c, false, false); });
+}
+
+TEST_CASE("zero checked mode: a stage-3 parameters() span read after release() holds NaN, never another bucket's values") {
+  for (int n : {1, 2}) local_world::run(n, [](local_comm& c) { misuse_suite::stale_parameters_read_nan(c); });
+}
+
+TEST_CASE("zero checked mode trains bit for bit like unchecked mode, with micro-batches too") {
+  for (int n : {1, 3})
+    for_each_stage([&](auto stage) {
+      INFO("stage ", stage.value, ", ", n, " ranks");
+      local_world::run(n, [](local_comm& c) { misuse_suite::checked_mode_is_exact<decltype(stage)::value>(c); });
+    });
+}

@@ -59,7 +59,11 @@ TEST_CASE("zero over MPI: misuse is the same usage_error on every rank, before a
     misuse_suite::grad_ready_twice<Stage>(comm);
     misuse_suite::grad_ready_twice_in_shared_bucket<Stage>(comm);
     misuse_suite::different_orders<Stage>(comm);
+    for (bool old_span : {true, false}) misuse_suite::written_after_ready<Stage>(comm, true, old_span);
+    if constexpr (Stage >= 2) misuse_suite::written_after_ready<Stage>(comm, false, false);
+    misuse_suite::checked_mode_is_exact<Stage>(comm);
   });
+  misuse_suite::stale_parameters_read_nan(comm);
 }
 
 TEST_CASE("zero over MPI: layers without tensors train like one rank on the global batch") {

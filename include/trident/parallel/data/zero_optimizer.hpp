@@ -10,6 +10,8 @@
 //     Stage 3  + parameters sharded: gathered bucket by bucket before a layer's forward and
 //              backward, released after, the next bucket prefetched; buckets smaller than a
 //              persistence threshold stay gathered
+//   struct zero_options   bucket sizes, averaging, clipping, stage-3 gathering, checked mode
+//   struct step_result    what step() did
 //
 // Per-rank bytes for parameters, gradients and optimizer states, mixed-precision Adam, Ψ
 // parameters (padded to whole buckets), N ranks: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Bucket
@@ -25,6 +27,12 @@
 //   zero.step(): waits for the reductions, checks every rank's gradients for inf/NaN (a step
 //   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
+//
+// What the spans are valid for. parameters(): stages 0-2 for the optimizer's life; stage 3 until
+// the bucket is released (release(), step(), set_parameter()). gradients(): stages 0-1 for the
+// optimizer's life; stages 2-3 until the bucket's reduction finishes (gradients() asked for the
+// bucket in the next micro-batch, or step()). Gradients must be written before grad_ready(layer):
+// the reduction takes them then.
 //
 // Bad use is a usage_error naming the call, the layer or bucket and what was expected, raised
 // before any collective is queued or anything is updated:
@@ -42,15 +50,30 @@
 // A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
 // so its peers throw a trident::error naming it instead of waiting (see comm/local.hpp).
 //
+// Checked mode (zero_options::check_usage; on by default when NDEBUG is not defined, like
+// assert: build every translation unit of a program alike) also catches what costs memory and
+// time to catch:
+//   - a parameters() span read after release() in stage 3: released buckets are not freed but
+//     filled with NaN (and reused for the bucket's next gather), so a stale read yields NaN
+//     instead of whatever took over the memory; stage 3 then holds every bucket it ever gathered.
+//   - gradients written after grad_ready(): a bucket is reduced from a private copy, and a 64-bit
+//     fingerprint of the user's gradients taken when its reduction starts is compared when it
+//     finishes and at step() (stages 2-3 keep their bucket buffers for this); step() then throws
+//     the same usage_error on every rank, naming the rank and the bucket, and applies nothing.
+// Without it, such gradients written in stages 2-3 after their bucket was reduced but never
+// marked ready again are still caught (a non-zero bucket buffer at step()).
+//
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
 // stage reduces each bucket with the same summation order and updates the same elements with
 // the same arithmetic; the gradient norm is always summed over the same shard pieces, in rank
-// order.
+// order. Checked mode changes none of it.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -101,6 +124,11 @@ struct zero_options {
   float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off
   std::size_t persistence_threshold = 100'000;            // stage 3: buckets with fewer elements stay gathered
   bool prefetch = true;                                   // stage 3: gather the next bucket in the background
+#ifdef NDEBUG
+  bool check_usage = false;  // checked mode (see the top of this header): memory and time for diagnostics
+#else
+  bool check_usage = true;
+#endif
 };
 
 //! What step() did.
@@ -125,9 +153,9 @@ class zero_optimizer {
   static constexpr bool has_master = Precision::has_master;
 
   zero_optimizer(Comm& dp, const model_spec& spec, Opt optimizer, zero_options options = {}, scaler_type scaler = {})
-      : comm_(&dp), opt_(std::move(optimizer)), options_(options), scaler_(scaler),
-        layout_(spec, dp.size(), std::max<std::size_t>(1, options.bucket_bytes / sizeof(half_type)),
-                std::max<std::size_t>(1, options.first_bucket_bytes / sizeof(half_type))),
+      : comm_(&dp), opt_(std::move(optimizer)), options_(std::move(options)), scaler_(scaler),
+        layout_(spec, dp.size(), std::max<std::size_t>(1, options_.bucket_bytes / sizeof(half_type)),
+                std::max<std::size_t>(1, options_.first_bucket_bytes / sizeof(half_type))),
         rank_(dp.rank()) {
     const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
     if constexpr (Stage < 3) working_ = zeroed<half_type>(full, mem_category::parameters);
@@ -146,7 +174,11 @@ class zero_optimizer {
     launched_.assign(nb, false);
     synced_.assign(nb, false);
     bucket_grads_.resize(nb);
+    bucket_live_.assign(nb, false);
+    stale_fingerprint_.resize(nb);
+    reduced_fingerprint_.resize(nb);
     gathered_.resize(nb);
+    is_gathered_.assign(nb, false);
     pending_gather_.resize(nb);
   }
 
@@ -163,6 +195,7 @@ class zero_optimizer {
   }
 
   const flat_layout& layout() const noexcept { return layout_; }
+  const zero_options& options() const noexcept { return options_; }
   float loss_scale() const noexcept { return static_cast<float>(scaler_.scale()); }
   std::int64_t steps_taken() const noexcept { return step_count_; }
 
@@ -234,12 +267,12 @@ class zero_optimizer {
   }
 
   //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2, and for a
-  //! layer without tensors). The whole bucket is freed, so a bucket of several layers is gathered
-  //! again for its next layer: choose bucket sizes near one layer for stage 3.
+  //! layer without tensors). The whole bucket is released, so a bucket of several layers is
+  //! gathered again for its next layer: choose bucket sizes near one layer for stage 3.
   void release(int layer) {
     const std::size_t b = layout_.bucket_of_layer(layer, "release");
     if constexpr (Stage == 3) {
-      if (layout_.layer_elements(layer) > 0 && !persistent(b)) gathered_[b] = buffer<half_type, space>();
+      if (layout_.layer_elements(layer) > 0 && !persistent(b)) drop_gathered(b);
     } else {
       (void)b;
     }
@@ -260,8 +293,7 @@ class zero_optimizer {
     if constexpr (Stage < 2) {
       return {grads_.data() + p.offset, p.numel};
     } else {
-      auto& g = bucket_grads_[p.bucket];
-      if (g.size() == 0) g = zeroed<half_type>(layout_.buckets()[p.bucket].size, mem_category::communication);
+      auto& g = live_bucket(p.bucket);
       return {g.data() + (p.offset - layout_.buckets()[p.bucket].begin), p.numel};
     }
   }
@@ -308,6 +340,7 @@ class zero_optimizer {
                      "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
     }
     finish_reductions();
+    check_gradients_untouched();
 
     // Overflow and norm over this rank's pieces; then every rank's report, in one all-gather.
     const float unscale = static_cast<float>(1.0 / scaler_.scale());
@@ -362,22 +395,45 @@ class zero_optimizer {
   void zero_grad() {
     finish_reductions();  // they write into the buffers cleared here
     fill_zero(grads_);
-    for (auto& g : bucket_grads_) g = buffer<half_type, space>();
+    for (std::size_t b = 0; b < bucket_grads_.size(); ++b) {
+      auto& g = bucket_grads_[b];
+      bucket_live_[b] = false;
+      if (!options_.check_usage || g.size() == 0) {
+        g = buffer<half_type, space>();
+        stale_fingerprint_[b].reset();
+      } else {
+        // Checked mode keeps the buffer that earlier spans point into, so a late write through
+        // one lands here, not in freed memory, and is caught when the bucket is used again.
+        fill_zero(g);
+        stale_fingerprint_[b] = fingerprint(g.data(), g.size());
+      }
+    }
     std::fill(layer_ready_.begin(), layer_ready_.end(), false);
     waiting_ = with_tensors_;
     std::fill(launched_.begin(), launched_.end(), false);
     std::fill(synced_.begin(), synced_.end(), false);
+    for (auto& f : reduced_fingerprint_) f.reset();
+    problem_.reset();
   }
 
  private:
   using request_type = decltype(std::declval<Comm&>().all_reduce_async(std::declval<space_span<half_type, space>>(), reduce_op::sum));
   struct pending {
     std::size_t bucket;
+    buffer<half_type, space> copy;  // checked mode: the private copy being reduced
+    std::uint64_t fingerprint;      // checked mode: the user's gradients when the reduction started
     request_type request;
   };
 
+  // A misuse found on this rank before step() (checked mode), reported by step() on every rank.
+  enum class misuse : int { none = 0, written_after_ready = 1, written_not_reduced = 2 };
+  struct problem {
+    misuse kind;
+    std::size_t bucket;
+  };
+
   // What each rank contributes to step()'s all-gather.
-  static constexpr std::size_t report_fields = 4;  // sum of squares, non-finite, collectives, digest
+  static constexpr std::size_t report_fields = 6;  // sum of squares, non-finite, collectives, digest, misuse, bucket
   // Bucket collectives remembered one by one to name the first disagreement (the digest covers all).
   static constexpr std::size_t recorded_collectives = 1024;
   static constexpr std::uint64_t fnv_basis = 1469598103934665603ull;
@@ -453,21 +509,47 @@ class zero_optimizer {
     launched_[b] = false;
   }
 
+  // Stages 2-3: the bucket's gradient buffer for the current micro-batch, zeroed on first use.
+  buffer<half_type, space>& live_bucket(std::size_t b) {
+    auto& g = bucket_grads_[b];
+    if (bucket_live_[b]) return g;
+    if (stale_fingerprint_[b] && fingerprint(g.data(), g.size()) != *stale_fingerprint_[b])
+      note(misuse::written_after_ready, b);  // through a span of an earlier micro-batch
+    stale_fingerprint_[b].reset();
+    if (g.size() == 0) g = buffer<half_type, space>(layout_.buckets()[b].size, mem_category::communication);
+    fill_zero(g);
+    bucket_live_[b] = true;
+    return g;
+  }
+
   // ---- reductions ---------------------------------------------------------------------------
 
   void launch_reduction(std::size_t b) {
     const auto& k = layout_.buckets()[b];
     const reduce_op op = options_.average ? reduce_op::avg : reduce_op::sum;
+    // The user's gradients: stages 0-1 the bucket's region of the gradient buffer (reduced in
+    // place), stages 2-3 its communication buffer (reduce-scattered in place into this rank's
+    // chunk). Checked mode reduces a private copy instead, so that the user's memory is neither
+    // read by the communicator while a late write lands nor overwritten, and can be compared.
+    half_type* user = nullptr;
+    if constexpr (Stage < 2) user = grads_.data() + k.begin;
+    else user = live_bucket(b).data();
+    buffer<half_type, space> copy;
+    std::uint64_t print = 0;
+    half_type* data = user;
+    if (options_.check_usage) {
+      copy = buffer<half_type, space>(k.size, mem_category::communication);
+      detail::copy_bytes(copy.data(), space::host_accessible, user, space::host_accessible, k.size * sizeof(half_type));
+      print = fingerprint(user, k.size);
+      data = copy.data();
+    }
+    space_span<half_type, space> whole(data, k.size);
     if constexpr (Stage < 2) {
-      space_span<half_type, space> whole(grads_.data() + k.begin, k.size);
-      pending_reduce_.push_back({b, comm_->all_reduce_async(whole, op)});
+      pending_reduce_.push_back({b, std::move(copy), print, comm_->all_reduce_async(whole, op)});
     } else {
-      // Reduce-scatter in place: this rank's chunk of the bucket buffer receives its piece.
-      auto& g = bucket_grads_[b];
-      if (g.size() == 0) g = zeroed<half_type>(k.size, mem_category::communication);  // gradients() never asked
       const std::size_t piece = layout_.piece_size(b);
-      space_span<half_type, space> mine(g.data() + static_cast<std::size_t>(rank_) * piece, piece);
-      pending_reduce_.push_back({b, comm_->reduce_scatter_async(g, mine, op)});
+      space_span<half_type, space> mine(data + static_cast<std::size_t>(rank_) * piece, piece);
+      pending_reduce_.push_back({b, std::move(copy), print, comm_->reduce_scatter_async(whole, mine, op)});
     }
     record(b, false);
   }
@@ -475,19 +557,104 @@ class zero_optimizer {
   void finish_reductions() {
     for (auto& p : pending_reduce_) {
       p.request.wait();
-      if constexpr (Stage >= 2) {
-        // Accumulate this rank's reduced piece into the gradient shard; the bucket buffer goes.
-        const std::size_t piece = layout_.piece_size(p.bucket);
-        auto& g = bucket_grads_[p.bucket];
-        half_type* shard = grads_.data() + layout_.buckets()[p.bucket].shard_begin;
-        engine<space>::accumulate(*comm_, shard, g.data() + static_cast<std::size_t>(rank_) * piece, piece);
-        comm_->synchronize();  // the bucket buffer is freed next
-        g = buffer<half_type, space>();
-        reset_bucket(p.bucket);  // the bucket's next micro-batch may begin
-      }
-      // Stages 0-1: the layers stay marked ready until step(): a bucket is reduced once per step.
+      complete_reduction(p);
     }
     pending_reduce_.clear();
+  }
+
+  void complete_reduction(pending& p) {
+    const std::size_t b = p.bucket;
+    const auto& k = layout_.buckets()[b];
+    const bool checked = options_.check_usage;
+    if constexpr (Stage < 2) {
+      half_type* user = grads_.data() + k.begin;
+      if (checked) {
+        if (fingerprint(user, k.size) != p.fingerprint) note(misuse::written_after_ready, b);
+        detail::copy_bytes(user, space::host_accessible, p.copy.data(), space::host_accessible, k.size * sizeof(half_type));
+        reduced_fingerprint_[b] = fingerprint(user, k.size);  // step() checks nobody wrote after this
+      }
+      // The layers stay marked ready until step(): a bucket is reduced once per step.
+    } else {
+      // Accumulate this rank's reduced piece into the gradient shard.
+      const std::size_t piece = layout_.piece_size(b);
+      auto& g = bucket_grads_[b];
+      const half_type* reduced = (checked ? p.copy.data() : g.data()) + static_cast<std::size_t>(rank_) * piece;
+      engine<space>::accumulate(*comm_, grads_.data() + k.shard_begin, reduced, piece);
+      comm_->synchronize();  // the buffers may be freed or reused next
+      bucket_live_[b] = false;
+      if (checked) {
+        // Kept, so that spans into it stay valid memory; a write through one is caught later.
+        const auto now = fingerprint(g.data(), g.size());
+        if (now != p.fingerprint) note(misuse::written_after_ready, b);
+        stale_fingerprint_[b] = now;
+      } else {
+        g = buffer<half_type, space>();
+      }
+      reset_bucket(b);  // the bucket's next micro-batch may begin
+    }
+    p.copy = buffer<half_type, space>();
+  }
+
+  // step(): gradients nobody may have touched since they were reduced.
+  void check_gradients_untouched() {
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto& k = layout_.buckets()[b];
+      if constexpr (Stage < 2) {
+        if (reduced_fingerprint_[b] && fingerprint(grads_.data() + k.begin, k.size) != *reduced_fingerprint_[b])
+          note(misuse::written_after_ready, b);
+      } else {
+        auto& g = bucket_grads_[b];
+        // gradients() began a micro-batch for the bucket that was never reduced: cheap to catch
+        // in any mode, since no bucket is live here unless that happened.
+        if (bucket_live_[b] && !all_zero(g)) note(misuse::written_not_reduced, b);
+        if (stale_fingerprint_[b] && fingerprint(g.data(), g.size()) != *stale_fingerprint_[b]) note(misuse::written_after_ready, b);
+      }
+    }
+  }
+
+  void note(misuse kind, std::size_t bucket) {
+    if (!problem_) problem_ = problem{kind, bucket};
+  }
+
+  // ---- checked mode: fingerprints and poison -------------------------------------------------
+
+  // 64 bits that change with any change of the bytes (not cryptographic: it catches mistakes).
+  static std::uint64_t fingerprint_bytes(const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes;
+    std::size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+      h ^= h >> 32;
+    }
+    for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+  }
+  // Device memory is copied to the host first, after the communicator's stream: checked mode
+  // pays for it.
+  std::vector<half_type> host_copy(const half_type* data, std::size_t n) {
+    comm_->synchronize();
+    std::vector<half_type> host(n);
+    detail::copy_bytes(host.data(), true, data, space::host_accessible, n * sizeof(half_type));
+    return host;
+  }
+  std::uint64_t fingerprint(const half_type* data, std::size_t n) {
+    if constexpr (space::host_accessible) return fingerprint_bytes(data, n * sizeof(half_type));
+    else return fingerprint_bytes(host_copy(data, n).data(), n * sizeof(half_type));
+  }
+  bool all_zero(const buffer<half_type, space>& g) {
+    const auto bytes = [](const half_type* d, std::size_t n) {
+      const auto* p = reinterpret_cast<const unsigned char*>(d);
+      return std::all_of(p, p + n * sizeof(half_type), [](unsigned char c) { return c == 0; });
+    };
+    if constexpr (space::host_accessible) return bytes(g.data(), g.size());
+    else return bytes(host_copy(g.data(), g.size()).data(), g.size());
+  }
+  void poison(buffer<half_type, space>& b) {
+    const std::vector<half_type> nan(b.size(), std::numeric_limits<half_type>::quiet_NaN());
+    upload(b, 0, nan.data(), nan.size());
   }
 
   // ---- ranks agree: step()'s all-gather of reports -------------------------------------------
@@ -507,8 +674,12 @@ class zero_optimizer {
   // device-wide synchronisation, on every step of the CUDA path).
   std::vector<double> exchange_reports(double sum_squares, bool finite) {
     // Integers below 2^53 travel exactly in doubles.
-    const double mine[report_fields] = {sum_squares, finite ? 0.0 : 1.0, static_cast<double>(collectives_),
-                                        static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1))};
+    const double mine[report_fields] = {sum_squares,
+                                        finite ? 0.0 : 1.0,
+                                        static_cast<double>(collectives_),
+                                        static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1)),
+                                        static_cast<double>(problem_ ? static_cast<int>(problem_->kind) : 0),
+                                        static_cast<double>(problem_ ? problem_->bucket : 0)};
     const std::size_t at = static_cast<std::size_t>(rank_) * report_fields;
     upload(reports_, at, mine, report_fields);
     comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
@@ -521,6 +692,21 @@ class zero_optimizer {
   void check_reports(const std::vector<double>& reports) {
     const std::size_t n = static_cast<std::size_t>(comm_->size());
     auto field = [&](std::size_t r, std::size_t f) { return reports[r * report_fields + f]; };
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto kind = static_cast<misuse>(static_cast<int>(field(r, 4)));
+      if (kind == misuse::none) continue;
+      const auto b = static_cast<std::size_t>(field(r, 5));
+      discard_step();
+      if (kind == misuse::written_after_ready)
+        throw usage_error(detail::concat(
+            "step: on rank ", r, ", gradients of ", describe_bucket(b), " were written after grad_ready() marked its layers "
+            "ready; the reduction had already taken them, so ranks would apply different gradients. Expected every write "
+            "to a layer's gradients before grad_ready(layer) (a gradients() span serves one micro-batch). Nothing was applied"));
+      throw usage_error(detail::concat(
+          "step: on rank ", r, ", gradients of ", describe_bucket(b), " were written after the bucket's last reduction and "
+          "never reduced: gradients() began a new micro-batch for it, but its layers were not marked ready (grad_ready) "
+          "again before step(). Nothing was applied"));
+    }
     for (std::size_t r = 1; r < n; ++r)
       if (field(r, 2) != field(0, 2) || field(r, 3) != field(0, 3)) throw_order_mismatch(reports);
     collectives_ = 0;
@@ -577,24 +763,30 @@ class zero_optimizer {
 
   void start_gather(std::size_t b) {
     if constexpr (Stage == 3) {
-      if (gathered_[b].size() != 0 || pending_gather_[b]) return;
+      if (is_gathered_[b]) return;  // gathered, or being gathered
       const auto& k = layout_.buckets()[b];
       const std::size_t piece = layout_.piece_size(b);
-      gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
+      // Checked mode gathers into the buffer it poisoned on release, so a stale span sees
+      // either NaN or this bucket's values, never another bucket's.
+      if (gathered_[b].size() == 0) gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
       detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
       pending_gather_[b].emplace(comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]));
+      is_gathered_[b] = true;
       record(b, true);
     } else {
       (void)b;
     }
   }
+  void wait_gather(std::size_t b) {
+    if (!pending_gather_[b]) return;
+    auto r = std::move(*pending_gather_[b]);
+    pending_gather_[b].reset();
+    r.wait();
+  }
   void gather(std::size_t b) {
     start_gather(b);
-    if (pending_gather_[b]) {
-      pending_gather_[b]->wait();
-      pending_gather_[b].reset();
-    }
+    wait_gather(b);
   }
   void prefetch_after(std::size_t b) {
     const bool forward = !last_gathered_ || *last_gathered_ <= b;
@@ -603,16 +795,18 @@ class zero_optimizer {
     if (forward && b + 1 < layout_.buckets().size()) start_gather(b + 1);
     if (!forward && b > 0) start_gather(b - 1);
   }
+  // The bucket's gathered parameters are no longer valid. A gather still in flight writes into
+  // the buffer, so it is waited for first.
+  void drop_gathered(std::size_t b) {
+    wait_gather(b);
+    is_gathered_[b] = false;
+    if (options_.check_usage) poison(gathered_[b]);
+    else gathered_[b] = buffer<half_type, space>();
+  }
   void invalidate_gathered() {
-    if constexpr (Stage == 3) {
-      for (std::size_t b = 0; b < gathered_.size(); ++b) {
-        if (pending_gather_[b]) {
-          pending_gather_[b]->wait();
-          pending_gather_[b].reset();
-        }
-        gathered_[b] = buffer<half_type, space>();
-      }
-    }
+    if constexpr (Stage == 3)
+      for (std::size_t b = 0; b < gathered_.size(); ++b)
+        if (is_gathered_[b]) drop_gathered(b);
   }
 
   Comm* comm_;
@@ -637,10 +831,17 @@ class zero_optimizer {
   std::vector<bool> synced_;    // reduced since the last step
 
   std::vector<buffer<half_type, space>> bucket_grads_;  // stages 2-3: per-bucket gradient buffers, while in use
+  std::vector<bool> bucket_live_;                       // stages 2-3: the buffer holds this micro-batch's gradients
   std::vector<pending> pending_reduce_;
-  std::vector<buffer<half_type, space>> gathered_;     // stage 3: full buckets, while gathered
+  std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
+  std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
   std::vector<std::optional<request_type>> pending_gather_;
   std::optional<std::size_t> last_gathered_;
+
+  // Checked mode: fingerprints of gradients that nobody may change any more.
+  std::vector<std::optional<std::uint64_t>> stale_fingerprint_;    // stages 2-3: a finished bucket's kept buffer
+  std::vector<std::optional<std::uint64_t>> reduced_fingerprint_;  // stages 0-1: a reduced bucket's region
+  std::optional<problem> problem_;                                  // the first misuse seen since the last step
 
   std::uint64_t collectives_ = 0, digest_ = fnv_basis;  // bucket collectives since the last step
   std::vector<std::uint64_t> sequence_;                 // the first recorded_collectives of them
