@@ -2,12 +2,13 @@
 // clear usage_error on every rank, before anything is corrupted, and never a crash or a hang;
 // input that is legal (layers without tensors) trains exactly like one rank. The bodies shared
 // with MPI are in misuse_suite.hpp; here also what only the thread backend can show: one rank's
-// mistake failing its peers at once.
+// mistake failing its peers at once, and errors of communication still in flight.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -99,6 +100,12 @@ TEST_CASE("zero misuse: grad_ready twice by one rank only: the same usage_error 
     auto options = buckets_of(32);
     options.average = false;
     const auto spec = three_layers();
+    std::mutex mutex;
+    std::vector<std::string> lost;  // what the peers' destructors could not throw
+    options.on_destructor_error = [&](const std::string& what) {
+      std::lock_guard lock(mutex);
+      lost.push_back(what);
+    };
     const auto out = fails_everywhere(3, [&](local_comm& comm) {
       toy::walk how;
       zero::zero_optimizer<Stage, optim::sgd, local_comm> z(comm, spec, sgd(), options);
@@ -111,6 +118,8 @@ TEST_CASE("zero misuse: grad_ready twice by one rank only: the same usage_error 
     });
     check_outcomes(out, {"grad_ready(2): layer 2 was already marked ready", "bucket 2 of 3 (layers 2..2)"}, {1});
     for (int r : {0, 2}) CHECK(contains(out[static_cast<std::size_t>(r)].what, "rank 1 failed"));
+    // Reductions the peers had queued fail in their destructors: reported, naming the cause.
+    for (const auto& what : lost) CHECK(contains(what, "grad_ready(2): layer 2 was already marked ready"));
   });
 }
 
@@ -170,4 +179,43 @@ TEST_CASE("zero checked mode trains bit for bit like unchecked mode, with micro-
       INFO("stage ", stage.value, ", ", n, " ranks");
       local_world::run(n, [](local_comm& c) { misuse_suite::checked_mode_is_exact<decltype(stage)::value>(c); });
     });
+}
+
+TEST_CASE("zero: an error in communication still in flight reaches finish(), or the destructor's hook, never nowhere") {
+  const auto spec = three_layers();
+  for (bool call_finish : {false, true}) {
+    INFO((call_finish ? "finish() before destruction" : "destroyed with reductions in flight"));
+    std::vector<std::string> lost;
+    std::string finish_error;
+    auto options = buckets_of(32);
+    options.on_destructor_error = [&](const std::string& what) { lost.push_back(what); };  // rank 0 only reports
+    CHECK_THROWS_WITH_AS(local_world::run(2,
+                                          [&](local_comm& comm) {
+                                            zero::zero_optimizer<2, optim::sgd, local_comm> z(comm, spec, sgd(), options);
+                                            toy::walk how;
+                                            how.backward = {2, 1};  // layer 0's gradients never come
+                                            how.after_ready = [&](int layer) {
+                                              if (comm.rank() == 1 && layer == 2) throw std::runtime_error("loss is NaN");
+                                            };
+                                            toy::step_samples(z, spec, 0, comm.rank(), 2, how);
+                                            // Rank 0 has bucket 1's reduction queued, which rank 1 never joins.
+                                            if (call_finish) {
+                                              try {
+                                                z.finish();
+                                              } catch (const trident::error& e) {
+                                                finish_error = e.what();
+                                              }
+                                            }
+                                          }),
+                         "loss is NaN", std::runtime_error);
+    if (call_finish) {
+      CHECK(contains(finish_error, "aborted because rank 1 failed: loss is NaN"));
+      CHECK(lost.empty());
+    } else {
+      REQUIRE(lost.size() == 1);
+      CHECK(contains(lost[0], "zero_optimizer destroyed with communication in flight, which failed"));
+      CHECK(contains(lost[0], "aborted because rank 1 failed: loss is NaN"));
+      CHECK(contains(lost[0], "call finish()"));
+    }
+  }
 }

@@ -63,6 +63,11 @@
 // Without it, such gradients written in stages 2-3 after their bucket was reduced but never
 // marked ready again are still caught (a non-zero bucket buffer at step()).
 //
+// Destruction: communication in flight uses the optimizer's buffers, so the destructor waits for
+// it. A destructor cannot throw; call finish() first to get such errors as exceptions (step()
+// does it). Whatever still fails in the destructor goes to zero_options::on_destructor_error
+// (default: one line on stderr), never nowhere.
+//
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
 // stage reduces each bucket with the same summation order and updates the same elements with
@@ -72,7 +77,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -129,6 +137,9 @@ struct zero_options {
 #else
   bool check_usage = true;
 #endif
+  //! Receives what failed in the destructor, which cannot throw (see the top of this header);
+  //! empty: one line on stderr.
+  std::function<void(const std::string&)> on_destructor_error;
 };
 
 //! What step() did.
@@ -185,13 +196,12 @@ class zero_optimizer {
   zero_optimizer(const zero_optimizer&) = delete;
   zero_optimizer& operator=(const zero_optimizer&) = delete;
   ~zero_optimizer() {
-    // Outstanding communication refers to our buffers: let it finish.
-    try {
-      for (auto& p : pending_reduce_) p.request.wait();
-      for (auto& g : pending_gather_)
-        if (g) g->wait();
-    } catch (...) {
-    }
+    // Communication in flight reads and writes our buffers: wait for all of it, even past a
+    // failure, before they go. The destructor cannot throw, so a failure is reported rather than
+    // lost (call finish() first to get it as an exception).
+    for (auto& p : pending_reduce_) wait_in_destructor(p.request);
+    for (auto& g : pending_gather_)
+      if (g) wait_in_destructor(*g);
   }
 
   const flat_layout& layout() const noexcept { return layout_; }
@@ -325,6 +335,14 @@ class zero_optimizer {
     launched_[b] = true;
     synced_[b] = true;
     launch_reduction(b);
+  }
+
+  //! Waits for every reduction and gather in flight, rethrowing the first failure; step() does
+  //! it itself. Call it before an optimizer with communication in flight is destroyed (e.g. after
+  //! an exception between grad_ready() and step()) to see such a failure as an exception.
+  void finish() {
+    finish_reductions();
+    for (std::size_t b = 0; b < pending_gather_.size(); ++b) wait_gather(b);
   }
 
   //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
@@ -555,9 +573,18 @@ class zero_optimizer {
   }
 
   void finish_reductions() {
-    for (auto& p : pending_reduce_) {
-      p.request.wait();
-      complete_reduction(p);
+    // An entry leaves the list once waited for; after a failure the rest stay for finish() or
+    // the destructor to wait for.
+    std::size_t done = 0;
+    try {
+      for (; done < pending_reduce_.size(); ++done) {
+        auto& p = pending_reduce_[done];
+        p.request.wait();
+        complete_reduction(p);
+      }
+    } catch (...) {
+      pending_reduce_.erase(pending_reduce_.begin(), pending_reduce_.begin() + static_cast<std::ptrdiff_t>(done + 1));
+      throw;
     }
     pending_reduce_.clear();
   }
@@ -807,6 +834,30 @@ class zero_optimizer {
     if constexpr (Stage == 3)
       for (std::size_t b = 0; b < gathered_.size(); ++b)
         if (is_gathered_[b]) drop_gathered(b);
+  }
+
+  // ---- destruction --------------------------------------------------------------------------
+  void wait_in_destructor(request_type& r) noexcept {
+    try {
+      r.wait();
+    } catch (const std::exception& e) {
+      report_lost(e.what());
+    } catch (...) {
+      report_lost("an exception not derived from std::exception");
+    }
+  }
+  void report_lost(const char* what) noexcept {
+    try {
+      const std::string message = detail::concat("zero_optimizer destroyed with communication in flight, which failed: ", what,
+                                                 " (call finish() before destruction to get this as an exception)");
+      if (options_.on_destructor_error) {
+        options_.on_destructor_error(message);
+        return;
+      }
+      std::fprintf(stderr, "trident: %s\n", message.c_str());
+    } catch (...) {
+      std::fprintf(stderr, "trident: zero_optimizer destroyed with communication in flight, which failed: %s\n", what);
+    }
   }
 
   Comm* comm_;
