@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -120,6 +121,26 @@ TEST_CASE("zero misuse: grad_ready twice by one rank only: the same usage_error 
     for (int r : {0, 2}) CHECK(contains(out[static_cast<std::size_t>(r)].what, "rank 1 failed"));
     // Reductions the peers had queued fail in their destructors: reported, naming the cause.
     for (const auto& what : lost) CHECK(contains(what, "grad_ready(2): layer 2 was already marked ready"));
+  });
+}
+
+TEST_CASE("zero misuse: zero_options out of range is a usage_error at construction naming the option and the value") {
+  local_world::run(1, [](local_comm& comm) {
+    const auto spec = three_layers();
+    auto make = [&](zero::zero_options o) { zero::zero_optimizer<2, optim::sgd, local_comm> z(comm, spec, sgd(), o); };
+    zero::zero_options o;
+    o.max_grad_norm = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("zero_options::max_grad_norm = nan; expected 0 (no clipping) or a positive norm"), trident::usage_error);
+    o.max_grad_norm = -1.0f;
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("zero_options::max_grad_norm = -1;"), trident::usage_error);
+    o.max_grad_norm = std::numeric_limits<float>::infinity();  // never clips, as in PyTorch
+    CHECK_NOTHROW(make(o));
+    o = {};
+    o.bucket_bytes = 0;
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("zero_options::bucket_bytes = 0; expected at least one element (4 bytes)"), trident::usage_error);
+    o = {};
+    o.first_bucket_bytes = 3;
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("zero_options::first_bucket_bytes = 3; expected at least one element (4 bytes)"), trident::usage_error);
   });
 }
 

@@ -47,6 +47,7 @@
 //     step(), before any update: that micro-batch's forward and backward already ran on the
 //     wrong data. Discovering it at each gather would cost a collective (and a host wait on GPUs)
 //     per gather.
+//   - zero_options out of range (NaN or negative max_grad_norm, buckets smaller than one element).
 // A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
 // so its peers throw a trident::error naming it instead of waiting (see comm/local.hpp).
 //
@@ -129,7 +130,7 @@ struct zero_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;      // gradient bucket cap (PyTorch DDP's default)
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, so the first reduction starts early
   bool average = true;                                    // average gradients over ranks (else sum)
-  float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off
+  float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off (+inf: never clips)
   std::size_t persistence_threshold = 100'000;            // stage 3: buckets with fewer elements stay gathered
   bool prefetch = true;                                   // stage 3: gather the next bucket in the background
 #ifdef NDEBUG
@@ -164,9 +165,8 @@ class zero_optimizer {
   static constexpr bool has_master = Precision::has_master;
 
   zero_optimizer(Comm& dp, const model_spec& spec, Opt optimizer, zero_options options = {}, scaler_type scaler = {})
-      : comm_(&dp), opt_(std::move(optimizer)), options_(std::move(options)), scaler_(scaler),
-        layout_(spec, dp.size(), std::max<std::size_t>(1, options_.bucket_bytes / sizeof(half_type)),
-                std::max<std::size_t>(1, options_.first_bucket_bytes / sizeof(half_type))),
+      : comm_(&dp), opt_(std::move(optimizer)), options_(validated(std::move(options))), scaler_(scaler),
+        layout_(spec, dp.size(), options_.bucket_bytes / sizeof(half_type), options_.first_bucket_bytes / sizeof(half_type)),
         rank_(dp.rank()) {
     const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
     if constexpr (Stage < 3) working_ = zeroed<half_type>(full, mem_category::parameters);
@@ -455,6 +455,16 @@ class zero_optimizer {
   // Bucket collectives remembered one by one to name the first disagreement (the digest covers all).
   static constexpr std::size_t recorded_collectives = 1024;
   static constexpr std::uint64_t fnv_basis = 1469598103934665603ull;
+
+  static zero_options validated(zero_options o) {
+    TRIDENT_EXPECT(!std::isnan(o.max_grad_norm) && o.max_grad_norm >= 0, "zero_optimizer: zero_options::max_grad_norm = ",
+                   o.max_grad_norm, "; expected 0 (no clipping) or a positive norm");
+    TRIDENT_EXPECT(o.bucket_bytes >= sizeof(half_type), "zero_optimizer: zero_options::bucket_bytes = ", o.bucket_bytes,
+                   "; expected at least one element (", sizeof(half_type), " bytes)");
+    TRIDENT_EXPECT(o.first_bucket_bytes >= sizeof(half_type), "zero_optimizer: zero_options::first_bucket_bytes = ",
+                   o.first_bucket_bytes, "; expected at least one element (", sizeof(half_type), " bytes)");
+    return o;
+  }
 
   template <class T>
   static buffer<T, space> zeroed(std::size_t n, mem_category c) {
