@@ -289,4 +289,23 @@ void checked_mode_is_exact(Comm& comm) {
   CHECK(toy::train<Stage>(comm, spec, sgd(), toy_options, 3, {}, 2) == a);
 }
 
+//! Handles see the same memory as names; another optimizer's handle or an empty one is refused.
+template <int Stage, class Comm>
+void handles(Comm& comm) {
+  const auto spec = three_layers();
+  optimizer<Stage, Comm> z(comm, spec, sgd(), buckets_of(32));
+  optimizer<Stage, Comm> other(comm, spec, sgd(), buckets_of(64));
+  toy::initialise(z, spec);
+  const auto b = z.handle("b");
+  CHECK(z.parameters(b).data() == z.parameters("b").data());
+  CHECK(z.parameters(b).size() == 32);
+  CHECK(z.gradients(b).data() == z.gradients("b").data());
+  CHECK_THROWS_WITH_AS((void)other.parameters(b), doctest::Contains("parameters: the tensor handle comes from another layout"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS((void)z.gradients(trident::tensor_handle{}), doctest::Contains("gradients: the tensor handle is empty"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS((void)z.handle("nope"), doctest::Contains("handle: no tensor named 'nope'"), trident::usage_error);
+  CHECK_THROWS_WITH_AS((void)z.parameters("nope"), doctest::Contains("parameters: no tensor named 'nope'"), trident::usage_error);
+}
+
 }  // namespace misuse_suite

@@ -1,5 +1,5 @@
 // flat_layout: layers without tensors fall in exactly one bucket (issue 17: a layer pointing at a
-// bucket that did not cover it corrupted the heap), and bucket sizes.
+// bucket that did not cover it corrupted the heap), bucket sizes, and tensor handles.
 #include <doctest/doctest.h>
 
 #include "trident/model/flat_layout.hpp"
@@ -37,4 +37,18 @@ TEST_CASE("flat_layout: bucket sizes and the granule must be at least one elemen
   late.add("a", {24}, 2);
   CHECK_THROWS_WITH_AS(trident::flat_layout(late, 2, 0, 30), doctest::Contains("got 0 (bucket_elements)"), trident::usage_error);
   CHECK_THROWS_WITH_AS(trident::flat_layout(late, 2, 30, 30, 0), doctest::Contains("granule must be at least one element, got 0"), trident::usage_error);
+}
+
+TEST_CASE("flat_layout: a handle is an index into its layout and its copies; any other layout refuses it") {
+  trident::model_spec spec;
+  spec.add("a", {24}, 2).add("b", {24}, 3).add("c", {24}, 4);
+  const trident::flat_layout a(spec, 2, 30, 30), b(spec, 3, 30, 30);
+  const auto h = b.handle("c");
+  CHECK(b.at(h).offset == b.find("c").offset);
+  CHECK(b.name(h) == "c");
+  const trident::flat_layout copy = b;
+  CHECK(copy.at(h).offset == b.find("c").offset);
+  CHECK_THROWS_WITH_AS((void)a.at(h), doctest::Contains("comes from another layout"), trident::usage_error);
+  CHECK_THROWS_WITH_AS((void)a.at(trident::tensor_handle{}), doctest::Contains("is empty"), trident::usage_error);
+  CHECK_THROWS_WITH_AS((void)b.handle("nope"), doctest::Contains("no tensor named 'nope'"), trident::usage_error);
 }

@@ -202,6 +202,13 @@ TEST_CASE("zero checked mode trains bit for bit like unchecked mode, with micro-
     });
 }
 
+TEST_CASE("zero: handles resolve a tensor once and see the same memory as names") {
+  for_each_stage([](auto stage) {
+    INFO("stage ", stage.value);
+    local_world::run(2, [](local_comm& c) { misuse_suite::handles<decltype(stage)::value>(c); });
+  });
+}
+
 TEST_CASE("zero: an error in communication still in flight reaches finish(), or the destructor's hook, never nowhere") {
   const auto spec = three_layers();
   for (bool call_finish : {false, true}) {

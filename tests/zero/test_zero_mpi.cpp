@@ -62,6 +62,7 @@ TEST_CASE("zero over MPI: misuse is the same usage_error on every rank, before a
     for (bool old_span : {true, false}) misuse_suite::written_after_ready<Stage>(comm, true, old_span);
     if constexpr (Stage >= 2) misuse_suite::written_after_ready<Stage>(comm, false, false);
     misuse_suite::checked_mode_is_exact<Stage>(comm);
+    misuse_suite::handles<Stage>(comm);
   });
   misuse_suite::stale_parameters_read_nan(comm);
 }

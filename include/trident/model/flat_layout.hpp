@@ -4,6 +4,7 @@
 // splits evenly over the data-parallel group.
 //
 //   struct model_spec        tensors by name, shape and layer, in forward order
+//   class tensor_handle      a tensor of one flat_layout, resolved once: look-ups by index, not name
 //   class flat_layout        offsets of tensors and buckets; which piece of each bucket a rank owns
 //   class sharded<T, Space>  one flat buffer partitioned over a group, with padding: the local
 //                            shard, all_gather into the full buffer, reduce_scatter from it
@@ -18,7 +19,9 @@
 // whoever tracks "every layer of the bucket is ready" counts only layers with tensors
 // (layer_elements() > 0).
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -67,6 +70,26 @@ class model_spec {
   std::vector<tensor> tensors_;
 };
 
+//! A tensor of one flat_layout, resolved from its name once, so that hot paths (a
+//! zero_optimizer's parameters() and gradients() on every micro-batch) index an array instead of
+//! searching a map of strings. Valid for the layout that made it and its copies; any other layout
+//! rejects it with a usage_error. A default-constructed handle refers to nothing.
+//!
+//!   const auto fc1 = layout.handle("fc1.weight");
+//!   std::size_t at = layout.at(fc1).offset;
+class tensor_handle {
+ public:
+  tensor_handle() = default;
+  //! The tensor's position in the model_spec (forward order).
+  std::size_t index() const noexcept { return index_; }
+
+ private:
+  friend class flat_layout;
+  tensor_handle(std::uint64_t layout, std::size_t index) : layout_(layout), index_(index) {}
+  std::uint64_t layout_ = 0;  // which layout it belongs to (0: none)
+  std::size_t index_ = 0;
+};
+
 //! Where everything lives in the flat buffer for a group of `ranks`.
 class flat_layout {
  public:
@@ -90,7 +113,7 @@ class flat_layout {
   //! bucket of its own. Every bucket is padded to a multiple of ranks x `granule` elements.
   flat_layout(const model_spec& spec, int ranks, std::size_t bucket_elements, std::size_t first_bucket_elements,
               std::size_t granule = 16)
-      : ranks_(ranks) {
+      : ranks_(ranks), id_(next_id()) {
     TRIDENT_EXPECT(ranks >= 1, "flat_layout: expected at least one rank, got ", ranks);
     TRIDENT_EXPECT(bucket_elements >= 1 && first_bucket_elements >= 1, "flat_layout: bucket sizes must be at least one element, got ",
                    bucket_elements, " (bucket_elements) and ", first_bucket_elements, " (first_bucket_elements)");
@@ -142,6 +165,9 @@ class flat_layout {
       const std::size_t b = layer_bucket_[static_cast<std::size_t>(t.layer)];
       const placement p{cursor[b], t.numel, t.layer, b};
       placements_.emplace(t.name, p);
+      index_.emplace(t.name, by_index_.size());
+      by_index_.push_back(p);
+      names_.push_back(t.name);
       cursor[b] += t.numel;
     }
     parameters_ = spec.parameters();
@@ -173,6 +199,24 @@ class flat_layout {
     return it->second;
   }
   const std::map<std::string, placement>& placements() const noexcept { return placements_; }
+  //! The tensor `name`, resolved once (a usage_error naming `what` if there is none).
+  tensor_handle handle(const std::string& name, const char* what = "flat_layout::handle") const {
+    auto it = index_.find(name);
+    TRIDENT_EXPECT(it != index_.end(), what, ": no tensor named '", name, "'");
+    return {id_, it->second};
+  }
+  //! Where the tensor of a handle lives: an index, no name search.
+  const placement& at(tensor_handle h, const char* what = "flat_layout::at") const {
+    TRIDENT_EXPECT(h.layout_ == id_ && h.index_ < by_index_.size(), what, ": the tensor handle ",
+                   h.layout_ == 0 ? "is empty (default-constructed)" : "comes from another layout",
+                   "; expected one made by handle(name) of this layout (or of the optimizer that owns it)");
+    return by_index_[h.index_];
+  }
+  //! The name of the tensor of a handle.
+  const std::string& name(tensor_handle h) const {
+    (void)at(h, "flat_layout::name");
+    return names_[h.index_];
+  }
   //! Elements of each rank's piece of bucket b.
   std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].size / static_cast<std::size_t>(ranks_); }
   //! Where rank r's piece of bucket b starts in the full flat buffer.
@@ -181,16 +225,26 @@ class flat_layout {
   }
 
  private:
+  // Every layout gets its own identity, shared by its copies, so a handle is only ever read
+  // against the offsets it was resolved for.
+  static std::uint64_t next_id() noexcept {
+    static std::atomic<std::uint64_t> last{0};
+    return ++last;
+  }
   void check_layer(int layer, const char* what) const {
     TRIDENT_EXPECT(layer >= 0 && static_cast<std::size_t>(layer) < layer_bucket_.size(), what, "(", layer,
                    "): not a layer of the model; expected 0..", layer_bucket_.size() - 1);
   }
 
   int ranks_;
+  std::uint64_t id_;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> layer_bucket_;
   std::vector<std::size_t> layer_elements_;  // per layer: elements of its tensors
   std::map<std::string, placement> placements_;
+  std::vector<placement> by_index_;  // the same, in model_spec order, for handles
+  std::map<std::string, std::size_t> index_;
+  std::vector<std::string> names_;
   std::size_t full_size_ = 0, shard_size_ = 0, parameters_ = 0;
 };
 

@@ -19,9 +19,10 @@
 // mem_category::communication, so they are reported separately.
 //
 // How a step goes (the user writes forward and backward):
+//   auto w = zero.handle("fc1.weight");   once: later look-ups index an array, not a map of names
 //   for each micro-batch:
-//     forward:  p = zero.parameters("fc1.weight") ...; zero.release(layer) (stage 3)
-//     backward: g = zero.gradients("fc1.weight"); g += ... (accumulate, scaled by loss_scale());
+//     forward:  p = zero.parameters(w) ...; zero.release(layer) (stage 3)
+//     backward: g = zero.gradients(w); g += ... (accumulate, scaled by loss_scale());
 //               zero.grad_ready(layer) once per layer as its gradients are complete: a bucket
 //               whose layers are all ready starts its (asynchronous) reduction at once
 //   zero.step(): waits for the reductions, checks every rank's gradients for inf/NaN (a step
@@ -209,6 +210,13 @@ class zero_optimizer {
   float loss_scale() const noexcept { return static_cast<float>(scaler_.scale()); }
   std::int64_t steps_taken() const noexcept { return step_count_; }
 
+  //! A tensor resolved once: parameters(h) and gradients(h) then index an array instead of
+  //! looking a name up. Valid for this optimizer only.
+  //!
+  //!   const auto fc1 = zero.handle("fc1.weight");
+  //!   for (...) { auto w = zero.parameters(fc1); ... auto g = zero.gradients(fc1); ... }
+  tensor_handle handle(const std::string& name) const { return layout_.handle(name, "handle"); }
+
   // ---- parameters ----------------------------------------------------------------------------
 
   //! Sets a parameter from its full value (every rank passes the same values; each keeps what its
@@ -264,8 +272,8 @@ class zero_optimizer {
 
   //! The working weights of a tensor for forward and backward. Stage 3 gathers its bucket first
   //! (and prefetches the next one); call release(layer) when the layer is done with them.
-  space_span<const half_type, space> parameters(const std::string& name) {
-    const auto& p = layout_.find(name);
+  space_span<const half_type, space> parameters(tensor_handle h) {
+    const auto& p = layout_.at(h, "parameters");
     if constexpr (Stage < 3) {
       return {working_.data() + p.offset, p.numel};
     } else {
@@ -275,6 +283,7 @@ class zero_optimizer {
       return {gathered_[b].data() + (p.offset - layout_.buckets()[b].begin), p.numel};
     }
   }
+  space_span<const half_type, space> parameters(const std::string& name) { return parameters(layout_.handle(name, "parameters")); }
 
   //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2, and for a
   //! layer without tensors). The whole bucket is released, so a bucket of several layers is
@@ -292,8 +301,8 @@ class zero_optimizer {
 
   //! Where backward accumulates (+=) the gradient of a tensor. Stages 0-1: the full gradient
   //! buffer; stages 2-3: the bucket's communication buffer, zeroed on first use in a micro-batch.
-  space_span<half_type, space> gradients(const std::string& name) {
-    const auto& p = layout_.find(name);
+  space_span<half_type, space> gradients(tensor_handle h) {
+    const auto& p = layout_.at(h, "gradients");
     // A new micro-batch must not write into gradients that are still being reduced.
     for (const auto& q : pending_reduce_)
       if (q.bucket == p.bucket) {
@@ -307,6 +316,7 @@ class zero_optimizer {
       return {g.data() + (p.offset - layout_.buckets()[p.bucket].begin), p.numel};
     }
   }
+  space_span<half_type, space> gradients(const std::string& name) { return gradients(layout_.handle(name, "gradients")); }
 
   //! Stages 0-1: whether this micro-batch's gradients are reduced (false for all but the last
   //! micro-batch of an accumulation: gradients then accumulate locally, as with DDP's no_sync).
