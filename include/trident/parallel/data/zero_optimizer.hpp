@@ -36,7 +36,7 @@
 // the reduction takes them then.
 //
 // Bad use is a usage_error naming the call, the layer or bucket and what was expected, raised
-// before any collective is queued or anything is updated:
+// before anything is updated, and by a call that would queue a collective before it is queued:
 //   - grad_ready(layer) twice in one micro-batch (stages 0-1: after its bucket was reduced in this
 //     step; stages 2-3: while its bucket's reduction is in flight). Layers without tensors are
 //     legal: grad_ready and release are no-ops for them.
