@@ -50,7 +50,8 @@
 //     per gather.
 //   - zero_options out of range (NaN or negative max_grad_norm, buckets smaller than one element).
 // A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
-// so its peers throw a trident::error naming it instead of waiting (see comm/local.hpp).
+// so its peers throw a trident::error naming it instead of waiting (comm/local.hpp); MPI ends
+// the job, NCCL's peers time out. What can be checked collectively is checked in step().
 //
 // Checked mode (zero_options::check_usage; on by default when NDEBUG is not defined, like
 // assert: build every translation unit of a program alike) also catches what costs memory and
@@ -347,9 +348,10 @@ class zero_optimizer {
     launch_reduction(b);
   }
 
-  //! Waits for every reduction and gather in flight, rethrowing the first failure; step() does
-  //! it itself. Call it before an optimizer with communication in flight is destroyed (e.g. after
-  //! an exception between grad_ready() and step()) to see such a failure as an exception.
+  //! Waits for every reduction and gather in flight, rethrowing the first failure; what it had
+  //! not waited for yet stays in flight, so call it again until it returns. step() does it
+  //! itself. Call it before an optimizer with communication in flight is destroyed (e.g. after
+  //! an exception between grad_ready() and step()) to see such failures as exceptions.
   void finish() {
     finish_reductions();
     for (std::size_t b = 0; b < pending_gather_.size(); ++b) wait_gather(b);
