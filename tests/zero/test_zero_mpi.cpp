@@ -1,6 +1,7 @@
 // ZeRO stages 0-3 over MPI (mpirun -np 4): the same MLP as the thread tests, compared with
 // single-rank training on the global batch, which each process computes for itself on one
-// thread rank.
+// thread rank; and the misuse suite (misuse_suite.hpp): bad input is the same usage_error on
+// every rank, and the optimizer goes on.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 #include "trident/comm/local.hpp"
 #include "trident/comm/mpi.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
+#include "zero/misuse_suite.hpp"
 #include "zero/zero_training.hpp"
 
 namespace zero = trident::zero;
@@ -47,6 +49,38 @@ TEST_CASE("zero over MPI: stages 0-3 = one rank on the global batch (SGD momentu
   optim::adamw adamw;
   adamw.opt.lr = 3e-3f;
   check(adamw, "adamw");
+}
+
+TEST_CASE("zero over MPI: misuse is the same usage_error on every rank, before anything is queued or applied") {
+  auto& comm = test_support::mpi_world();
+  misuse_suite::for_each_stage([&](auto stage) {
+    constexpr int Stage = decltype(stage)::value;
+    INFO("stage ", Stage, " on ", comm.size(), " MPI ranks");
+    misuse_suite::grad_ready_twice<Stage>(comm);
+    misuse_suite::grad_ready_twice_in_shared_bucket<Stage>(comm);
+    misuse_suite::different_orders<Stage>(comm);
+    for (bool old_span : {true, false}) misuse_suite::written_after_ready<Stage>(comm, true, old_span);
+    if constexpr (Stage >= 2) misuse_suite::written_after_ready<Stage>(comm, false, false);
+    misuse_suite::checked_mode_is_exact<Stage>(comm);
+    misuse_suite::handles<Stage>(comm);
+  });
+  misuse_suite::stale_parameters_read_nan(comm);
+}
+
+TEST_CASE("zero over MPI: layers without tensors train like one rank on the global batch") {
+  auto& comm = test_support::mpi_world();
+  for (const auto& m : misuse_suite::empty_layer_models())
+    for (bool skip_empty : {false, true}) {
+      zero_training::toy::walk how;
+      how.skip_empty = skip_empty;
+      const auto options = misuse_suite::buckets_of(m.bucket_elements);
+      const auto serial = trident::local_world::run(1, [&](trident::local_comm& c) {
+        return zero_training::toy::train<0>(c, m.spec, misuse_suite::sgd(), options, 4, how);
+      })[0];
+      misuse_suite::for_each_stage([&](auto stage) {
+        misuse_suite::layers_without_tensors<decltype(stage)::value>(comm, m, skip_empty, serial, {});
+      });
+    }
 }
 
 int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }

@@ -3,6 +3,11 @@
 find_package(Threads REQUIRED)
 trident_add_test(zero.local SOURCES zero/test_zero.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
 target_include_directories(test_zero_local PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+# The flat layout alone: buckets, layers without tensors, handles.
+trident_add_test(zero.flat_layout SOURCES zero/test_flat_layout.cpp LABELS zero)
+# Bad input (issue 17): a clear usage_error on every rank, never a crash, hang or silent corruption.
+trident_add_test(zero.misuse SOURCES zero/test_zero_misuse.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
+target_include_directories(test_zero_misuse PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
 if(TARGET trident::mpi)
   trident_add_test(zero.mpi SOURCES zero/test_zero_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4 LABELS zero mpi)
   target_include_directories(test_zero_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")

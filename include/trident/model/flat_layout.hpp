@@ -4,6 +4,7 @@
 // splits evenly over the data-parallel group.
 //
 //   struct model_spec        tensors by name, shape and layer, in forward order
+//   class tensor_handle      a tensor of one flat_layout, resolved once: look-ups by index, not name
 //   class flat_layout        offsets of tensors and buckets; which piece of each bucket a rank owns
 //   class sharded<T, Space>  one flat buffer partitioned over a group, with padding: the local
 //                            shard, all_gather into the full buffer, reduce_scatter from it
@@ -12,8 +13,15 @@
 // once: a bucket can then be reduce-scattered the moment its gradients are ready, with equal
 // chunks, and a ZeRO-3 layer can be gathered without touching the rest. A rank's shard is the
 // concatenation of its piece of every bucket; element-wise optimizers do not care.
+//
+// Layers without tensors are legal anywhere (a model's first layers may hold no parameters):
+// each falls in the bucket of the next layer that has tensors and holds no elements of it, so
+// whoever tracks "every layer of the bucket is ready" counts only layers with tensors
+// (layer_elements() > 0).
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -62,6 +70,26 @@ class model_spec {
   std::vector<tensor> tensors_;
 };
 
+//! A tensor of one flat_layout, resolved from its name once, so that hot paths (a
+//! zero_optimizer's parameters() and gradients() on every micro-batch) index an array instead of
+//! searching a map of strings. Valid for the layout that made it and its copies; any other layout
+//! rejects it with a usage_error. A default-constructed handle refers to nothing.
+//!
+//!   const auto fc1 = layout.handle("fc1.weight");
+//!   std::size_t at = layout.at(fc1).offset;
+class tensor_handle {
+ public:
+  tensor_handle() = default;
+  //! The tensor's position in the model_spec (forward order).
+  std::size_t index() const noexcept { return index_; }
+
+ private:
+  friend class flat_layout;
+  tensor_handle(std::uint64_t layout, std::size_t index) : layout_(layout), index_(index) {}
+  std::uint64_t layout_ = 0;  // which layout it belongs to (0: none)
+  std::size_t index_ = 0;
+};
+
 //! Where everything lives in the flat buffer for a group of `ranks`.
 class flat_layout {
  public:
@@ -69,9 +97,8 @@ class flat_layout {
     std::size_t begin;        // first element in the full flat buffer
     std::size_t size;         // elements including padding (a multiple of ranks x granule)
     std::size_t used;         // elements of real tensors
-    int first_layer, last_layer;
+    int first_layer, last_layer;  // the layers it covers, some of which may hold no tensors
     std::size_t shard_begin;  // where this rank's piece of it starts in the shard
-    std::size_t piece() const noexcept { return size; }
   };
   struct placement {
     std::size_t offset;  // in the full flat buffer
@@ -86,21 +113,27 @@ class flat_layout {
   //! bucket of its own. Every bucket is padded to a multiple of ranks x `granule` elements.
   flat_layout(const model_spec& spec, int ranks, std::size_t bucket_elements, std::size_t first_bucket_elements,
               std::size_t granule = 16)
-      : ranks_(ranks) {
+      : ranks_(ranks), id_(next_id()) {
     TRIDENT_EXPECT(ranks >= 1, "flat_layout: expected at least one rank, got ", ranks);
-    TRIDENT_EXPECT(bucket_elements >= 1 && first_bucket_elements >= 1, "flat_layout: bucket sizes must be positive");
+    TRIDENT_EXPECT(bucket_elements >= 1 && first_bucket_elements >= 1, "flat_layout: bucket sizes must be at least one element, got ",
+                   bucket_elements, " (bucket_elements) and ", first_bucket_elements, " (first_bucket_elements)");
+    TRIDENT_EXPECT(granule >= 1, "flat_layout: the granule must be at least one element, got ", granule);
     TRIDENT_EXPECT(!spec.tensors().empty(), "flat_layout: the model has no parameters");
     const int layers = spec.layers();
-    std::vector<std::size_t> layer_size(static_cast<std::size_t>(layers), 0);
+    auto& layer_size = layer_elements_;
+    layer_size.assign(static_cast<std::size_t>(layers), 0);
     for (const auto& t : spec.tensors()) layer_size[static_cast<std::size_t>(t.layer)] += t.numel;
 
-    // Group layers into buckets from the back.
+    // Group layers into buckets from the back. Only a layer with tensors starts a new bucket, so a
+    // layer without tensors joins the bucket of the next layer that has some (the last layer always
+    // has some): no bucket is empty, and every layer falls in exactly one bucket. (Dropping empty
+    // buckets instead left their layers pointing at a bucket that did not cover them.)
     std::vector<std::pair<int, int>> groups;  // [first, last] layer, in backward order
     int last = layers - 1;
     std::size_t cap = first_bucket_elements, filled = 0;
     for (int l = layers - 1; l >= 0; --l) {
       const std::size_t s = layer_size[static_cast<std::size_t>(l)];
-      if (filled > 0 && filled + s > cap) {
+      if (filled > 0 && s > 0 && filled + s > cap) {
         groups.push_back({l + 1, last});
         last = l;
         filled = 0;
@@ -116,7 +149,6 @@ class flat_layout {
     for (auto [first, end_layer] : groups) {
       std::size_t used = 0;
       for (int l = first; l <= end_layer; ++l) used += layer_size[static_cast<std::size_t>(l)];
-      if (used == 0) continue;  // layers without parameters
       const std::size_t size = (used + quantum - 1) / quantum * quantum;
       buckets_.push_back({begin, size, used, first, end_layer, shard});
       begin += size;
@@ -131,7 +163,11 @@ class flat_layout {
     for (std::size_t b = 0; b < buckets_.size(); ++b) cursor[b] = buckets_[b].begin;
     for (const auto& t : spec.tensors()) {
       const std::size_t b = layer_bucket_[static_cast<std::size_t>(t.layer)];
-      placements_.emplace(t.name, placement{cursor[b], t.numel, t.layer, b});
+      const placement p{cursor[b], t.numel, t.layer, b};
+      placements_.emplace(t.name, p);
+      index_.emplace(t.name, by_index_.size());
+      by_index_.push_back(p);
+      names_.push_back(t.name);
       cursor[b] += t.numel;
     }
     parameters_ = spec.parameters();
@@ -144,10 +180,18 @@ class flat_layout {
   std::size_t parameters() const noexcept { return parameters_; }
   //! Elements added so that every bucket divides evenly (part of full_size()).
   std::size_t padding() const noexcept { return full_size_ - parameters_; }
-  std::size_t bucket_of_layer(int layer) const {
-    TRIDENT_EXPECT(layer >= 0 && static_cast<std::size_t>(layer) < layer_bucket_.size(), "flat_layout: layer ", layer,
-                   " is not a layer of the model (0..", layer_bucket_.size() - 1, ")");
+  //! Layers of the model: 0 .. layers() - 1, some of which may hold no tensors.
+  int layers() const noexcept { return static_cast<int>(layer_bucket_.size()); }
+  //! The bucket whose layers include `layer` (for a layer without tensors: the bucket it falls
+  //! in, which holds none of its elements). `what` names the caller in the error.
+  std::size_t bucket_of_layer(int layer, const char* what = "flat_layout::bucket_of_layer") const {
+    check_layer(layer, what);
     return layer_bucket_[static_cast<std::size_t>(layer)];
+  }
+  //! Elements of the tensors of `layer`: 0 for a layer without tensors.
+  std::size_t layer_elements(int layer, const char* what = "flat_layout::layer_elements") const {
+    check_layer(layer, what);
+    return layer_elements_[static_cast<std::size_t>(layer)];
   }
   const placement& find(const std::string& name) const {
     auto it = placements_.find(name);
@@ -155,6 +199,24 @@ class flat_layout {
     return it->second;
   }
   const std::map<std::string, placement>& placements() const noexcept { return placements_; }
+  //! The tensor `name`, resolved once (a usage_error naming `what` if there is none).
+  tensor_handle handle(const std::string& name, const char* what = "flat_layout::handle") const {
+    auto it = index_.find(name);
+    TRIDENT_EXPECT(it != index_.end(), what, ": no tensor named '", name, "'");
+    return {id_, it->second};
+  }
+  //! Where the tensor of a handle lives: an index, no name search.
+  const placement& at(tensor_handle h, const char* what = "flat_layout::at") const {
+    TRIDENT_EXPECT(h.layout_ == id_ && h.index_ < by_index_.size(), what, ": the tensor handle ",
+                   h.layout_ == 0 ? "is empty (default-constructed)" : "comes from another layout",
+                   "; expected one made by handle(name) of this layout (or of the optimizer that owns it)");
+    return by_index_[h.index_];
+  }
+  //! The name of the tensor of a handle.
+  const std::string& name(tensor_handle h) const {
+    (void)at(h, "flat_layout::name");
+    return names_[h.index_];
+  }
   //! Elements of each rank's piece of bucket b.
   std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].size / static_cast<std::size_t>(ranks_); }
   //! Where rank r's piece of bucket b starts in the full flat buffer.
@@ -163,10 +225,26 @@ class flat_layout {
   }
 
  private:
+  // Every layout gets its own identity, shared by its copies, so a handle is only ever read
+  // against the offsets it was resolved for.
+  static std::uint64_t next_id() noexcept {
+    static std::atomic<std::uint64_t> last{0};
+    return ++last;
+  }
+  void check_layer(int layer, const char* what) const {
+    TRIDENT_EXPECT(layer >= 0 && static_cast<std::size_t>(layer) < layer_bucket_.size(), what, "(", layer,
+                   "): not a layer of the model; expected 0..", layer_bucket_.size() - 1);
+  }
+
   int ranks_;
+  std::uint64_t id_;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> layer_bucket_;
+  std::vector<std::size_t> layer_elements_;  // per layer: elements of its tensors
   std::map<std::string, placement> placements_;
+  std::vector<placement> by_index_;  // the same, in model_spec order, for handles
+  std::map<std::string, std::size_t> index_;
+  std::vector<std::string> names_;
   std::size_t full_size_ = 0, shard_size_ = 0, parameters_ = 0;
 };
 

@@ -10,6 +10,8 @@
 //     Stage 3  + parameters sharded: gathered bucket by bucket before a layer's forward and
 //              backward, released after, the next bucket prefetched; buckets smaller than a
 //              persistence threshold stay gathered
+//   struct zero_options   bucket sizes, averaging, clipping, stage-3 gathering, checked mode
+//   struct step_result    what step() did
 //
 // Per-rank bytes for parameters, gradients and optimizer states, mixed-precision Adam, Ψ
 // parameters (padded to whole buckets), N ranks: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Bucket
@@ -17,23 +19,72 @@
 // mem_category::communication, so they are reported separately.
 //
 // How a step goes (the user writes forward and backward):
+//   auto w = zero.handle("fc1.weight");   once: later look-ups index an array, not a map of names
 //   for each micro-batch:
-//     forward:  p = zero.parameters("fc1.weight") ...; zero.release(layer) (stage 3)
-//     backward: g = zero.gradients("fc1.weight"); g += ... (accumulate, scaled by loss_scale());
-//               zero.grad_ready(layer) as each layer's gradients are complete: a bucket whose
-//               layers are all ready starts its (asynchronous) reduction at once
+//     forward:  p = zero.parameters(w) ...; zero.release(layer) (stage 3)
+//     backward: g = zero.gradients(w); g += ... (accumulate, scaled by loss_scale());
+//               zero.grad_ready(layer) once per layer as its gradients are complete: a bucket
+//               whose layers are all ready starts its (asynchronous) reduction at once
 //   zero.step(): waits for the reductions, checks every rank's gradients for inf/NaN (a step
 //   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
 //
+// What the spans are valid for. parameters(): stages 0-2 for the optimizer's life; stage 3 until
+// the bucket is released (release(), step(), set_parameter()). gradients(): stages 0-1 for the
+// optimizer's life; stages 2-3 until the bucket's reduction finishes (gradients() asked for the
+// bucket in the next micro-batch, or step()). Gradients must be written before grad_ready(layer):
+// the reduction takes them then.
+//
+// Bad use is a usage_error naming the call, the layer or bucket and what was expected, raised
+// before anything is updated, and by a call that would queue a collective before it is queued:
+//   - grad_ready(layer) twice in one micro-batch (stages 0-1: after its bucket was reduced in this
+//     step; stages 2-3: while its bucket's reduction is in flight). Layers without tensors are
+//     legal: grad_ready and release are no-ops for them.
+//   - ranks whose bucket collectives (reductions, stage-3 gathers) come in different orders:
+//     collectives are matched by position, so two equal-sized buckets would be silently swapped.
+//     Every rank records the sequence it issued; step() compares them (a digest and a count per
+//     rank travel in the all-gather step() makes anyway) and, if they differ, every rank throws the
+//     same usage_error naming the first position and both buckets. It is caught at the next
+//     step(), before any update: that micro-batch's forward and backward already ran on the
+//     wrong data. Discovering it at each gather would cost a collective (and a host wait on GPUs)
+//     per gather.
+//   - zero_options out of range (NaN or negative max_grad_norm, buckets smaller than one element).
+// A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
+// so its peers throw a trident::error naming it instead of waiting (comm/local.hpp); MPI ends
+// the job, NCCL's peers time out. What can be checked collectively is checked in step().
+//
+// Checked mode (zero_options::check_usage; on by default when NDEBUG is not defined, like
+// assert: build every translation unit of a program alike) also catches what costs memory and
+// time to catch:
+//   - a parameters() span read after release() in stage 3: released buckets are not freed but
+//     filled with NaN (and reused for the bucket's next gather), so a stale read yields NaN
+//     instead of whatever took over the memory; stage 3 then holds every bucket it ever gathered.
+//   - gradients written after grad_ready(): a bucket is reduced from a private copy, and a 64-bit
+//     fingerprint of the user's gradients taken when its reduction starts is compared when it
+//     finishes and at step() (stages 2-3 keep their bucket buffers for this); step() then throws
+//     the same usage_error on every rank, naming the rank and the bucket, and applies nothing.
+// Without it, such gradients written in stages 2-3 after their bucket was reduced but never
+// marked ready again are still caught (a non-zero bucket buffer at step()).
+//
+// Destruction: communication in flight uses the optimizer's buffers, so the destructor waits for
+// it. A destructor cannot throw; call finish() first to get such errors as exceptions (step()
+// does it). Whatever still fails in the destructor goes to zero_options::on_destructor_error
+// (default: one line on stderr), never nowhere.
+//
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
 // stage reduces each bucket with the same summation order and updates the same elements with
-// the same arithmetic; the gradient norm is always summed over the same shard pieces.
+// the same arithmetic; the gradient norm is always summed over the same shard pieces, in rank
+// order. Checked mode changes none of it.
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -81,9 +132,17 @@ struct zero_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;      // gradient bucket cap (PyTorch DDP's default)
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  // smaller, so the first reduction starts early
   bool average = true;                                    // average gradients over ranks (else sum)
-  float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off
+  float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off (+inf: never clips)
   std::size_t persistence_threshold = 100'000;            // stage 3: buckets with fewer elements stay gathered
   bool prefetch = true;                                   // stage 3: gather the next bucket in the background
+#ifdef NDEBUG
+  bool check_usage = false;  // checked mode (see the top of this header): memory and time for diagnostics
+#else
+  bool check_usage = true;
+#endif
+  //! Receives what failed in the destructor, which cannot throw (see the top of this header);
+  //! empty: one line on stderr.
+  std::function<void(const std::string&)> on_destructor_error;
 };
 
 //! What step() did.
@@ -108,9 +167,8 @@ class zero_optimizer {
   static constexpr bool has_master = Precision::has_master;
 
   zero_optimizer(Comm& dp, const model_spec& spec, Opt optimizer, zero_options options = {}, scaler_type scaler = {})
-      : comm_(&dp), opt_(std::move(optimizer)), options_(options), scaler_(scaler),
-        layout_(spec, dp.size(), std::max<std::size_t>(1, options.bucket_bytes / sizeof(half_type)),
-                std::max<std::size_t>(1, options.first_bucket_bytes / sizeof(half_type))),
+      : comm_(&dp), opt_(std::move(optimizer)), options_(validated(std::move(options))), scaler_(scaler),
+        layout_(spec, dp.size(), options_.bucket_bytes / sizeof(half_type), options_.first_bucket_bytes / sizeof(half_type)),
         rank_(dp.rank()) {
     const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
     if constexpr (Stage < 3) working_ = zeroed<half_type>(full, mem_category::parameters);
@@ -118,34 +176,47 @@ class zero_optimizer {
     if constexpr (has_master) master_ = zeroed<float>(Stage == 0 ? full : shard, mem_category::parameters);
     grads_ = zeroed<half_type>(Stage < 2 ? full : shard, mem_category::gradients);
     for (auto& s : states_) s = zeroed<float>(Stage == 0 ? full : shard, mem_category::optimizer_state);
-    scalars_ = buffer<double, space>(2, mem_category::communication);  // charged to the ledger current now
+    // step()'s all-gather of every rank's report, charged to the ledger current now.
+    reports_ = buffer<double, space>(report_fields * static_cast<std::size_t>(dp.size()), mem_category::communication);
     const std::size_t nb = layout_.buckets().size();
-    ready_.assign(nb, std::vector<bool>());
-    for (std::size_t b = 0; b < nb; ++b) {
-      const auto& k = layout_.buckets()[b];
-      ready_[b].assign(static_cast<std::size_t>(k.last_layer - k.first_layer + 1), false);
-    }
-    bucket_grads_.resize(nb);
-    gathered_.resize(nb);
-    pending_gather_.resize(nb);
+    layer_ready_.assign(static_cast<std::size_t>(layout_.layers()), false);
+    with_tensors_.assign(nb, 0);
+    for (int l = 0; l < layout_.layers(); ++l)
+      if (layout_.layer_elements(l) > 0) ++with_tensors_[layout_.bucket_of_layer(l)];
+    waiting_ = with_tensors_;
+    launched_.assign(nb, false);
     synced_.assign(nb, false);
+    bucket_grads_.resize(nb);
+    bucket_live_.assign(nb, false);
+    stale_fingerprint_.resize(nb);
+    reduced_fingerprint_.resize(nb);
+    gathered_.resize(nb);
+    is_gathered_.assign(nb, false);
+    pending_gather_.resize(nb);
   }
 
   zero_optimizer(const zero_optimizer&) = delete;
   zero_optimizer& operator=(const zero_optimizer&) = delete;
   ~zero_optimizer() {
-    // Outstanding communication refers to our buffers: let it finish.
-    try {
-      for (auto& p : pending_reduce_) p.request.wait();
-      for (auto& g : pending_gather_)
-        if (g) g->wait();
-    } catch (...) {
-    }
+    // Communication in flight reads and writes our buffers: wait for all of it, even past a
+    // failure, before they go. The destructor cannot throw, so a failure is reported rather than
+    // lost (call finish() first to get it as an exception).
+    for (auto& p : pending_reduce_) wait_in_destructor(p.request);
+    for (auto& g : pending_gather_)
+      if (g) wait_in_destructor(*g);
   }
 
   const flat_layout& layout() const noexcept { return layout_; }
+  const zero_options& options() const noexcept { return options_; }
   float loss_scale() const noexcept { return static_cast<float>(scaler_.scale()); }
   std::int64_t steps_taken() const noexcept { return step_count_; }
+
+  //! A tensor resolved once: parameters(h) and gradients(h) then index an array instead of
+  //! looking a name up. Valid for this optimizer only.
+  //!
+  //!   const auto fc1 = zero.handle("fc1.weight");
+  //!   for (...) { auto w = zero.parameters(fc1); ... auto g = zero.gradients(fc1); ... }
+  tensor_handle handle(const std::string& name) const { return layout_.handle(name, "handle"); }
 
   // ---- parameters ----------------------------------------------------------------------------
 
@@ -202,8 +273,8 @@ class zero_optimizer {
 
   //! The working weights of a tensor for forward and backward. Stage 3 gathers its bucket first
   //! (and prefetches the next one); call release(layer) when the layer is done with them.
-  space_span<const half_type, space> parameters(const std::string& name) {
-    const auto& p = layout_.find(name);
+  space_span<const half_type, space> parameters(tensor_handle h) {
+    const auto& p = layout_.at(h, "parameters");
     if constexpr (Stage < 3) {
       return {working_.data() + p.offset, p.numel};
     } else {
@@ -213,16 +284,17 @@ class zero_optimizer {
       return {gathered_[b].data() + (p.offset - layout_.buckets()[b].begin), p.numel};
     }
   }
+  space_span<const half_type, space> parameters(const std::string& name) { return parameters(layout_.handle(name, "parameters")); }
 
-  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2). The whole
-  //! bucket is freed, so a bucket of several layers is gathered again for its next layer: choose
-  //! bucket sizes near one layer for stage 3.
+  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2, and for a
+  //! layer without tensors). The whole bucket is released, so a bucket of several layers is
+  //! gathered again for its next layer: choose bucket sizes near one layer for stage 3.
   void release(int layer) {
+    const std::size_t b = layout_.bucket_of_layer(layer, "release");
     if constexpr (Stage == 3) {
-      const std::size_t b = layout_.bucket_of_layer(layer);
-      if (!persistent(b)) gathered_[b] = buffer<half_type, space>();
+      if (layout_.layer_elements(layer) > 0 && !persistent(b)) drop_gathered(b);
     } else {
-      (void)layout_.bucket_of_layer(layer);
+      (void)b;
     }
   }
 
@@ -230,8 +302,8 @@ class zero_optimizer {
 
   //! Where backward accumulates (+=) the gradient of a tensor. Stages 0-1: the full gradient
   //! buffer; stages 2-3: the bucket's communication buffer, zeroed on first use in a micro-batch.
-  space_span<half_type, space> gradients(const std::string& name) {
-    const auto& p = layout_.find(name);
+  space_span<half_type, space> gradients(tensor_handle h) {
+    const auto& p = layout_.at(h, "gradients");
     // A new micro-batch must not write into gradients that are still being reduced.
     for (const auto& q : pending_reduce_)
       if (q.bucket == p.bucket) {
@@ -241,11 +313,11 @@ class zero_optimizer {
     if constexpr (Stage < 2) {
       return {grads_.data() + p.offset, p.numel};
     } else {
-      auto& g = bucket_grads_[p.bucket];
-      if (g.size() == 0) g = zeroed<half_type>(layout_.buckets()[p.bucket].size, mem_category::communication);
+      auto& g = live_bucket(p.bucket);
       return {g.data() + (p.offset - layout_.buckets()[p.bucket].begin), p.numel};
     }
   }
+  space_span<half_type, space> gradients(const std::string& name) { return gradients(layout_.handle(name, "gradients")); }
 
   //! Stages 0-1: whether this micro-batch's gradients are reduced (false for all but the last
   //! micro-batch of an accumulation: gradients then accumulate locally, as with DDP's no_sync).
@@ -255,35 +327,52 @@ class zero_optimizer {
     sync_ = sync;
   }
 
-  //! The gradients of `layer` are complete for this micro-batch. When every layer of a bucket is
-  //! ready its reduction starts, asynchronously.
+  //! The gradients of `layer` are complete for this micro-batch: call it once per layer and
+  //! micro-batch. When every layer of a bucket is ready its reduction starts, asynchronously.
+  //! A layer without tensors has nothing to reduce: the call is accepted and does nothing.
   void grad_ready(int layer) {
-    const std::size_t b = layout_.bucket_of_layer(layer);
-    const auto& k = layout_.buckets()[b];
-    auto flag = ready_[b].begin() + (layer - k.first_layer);
-    TRIDENT_EXPECT(!*flag, "grad_ready(", layer, "): the layer was already marked ready in this micro-batch");
-    *flag = true;
-    for (bool r : ready_[b])
-      if (!r) return;
-    std::fill(ready_[b].begin(), ready_[b].end(), false);  // the next micro-batch starts afresh
-    synced_[b] = sync_;
+    const std::size_t b = layout_.bucket_of_layer(layer, "grad_ready");
+    if (layout_.layer_elements(layer) == 0) return;
+    // Checked before anything is queued: a second reduction of the same bucket would apply its
+    // gradients twice (stages 0-1) or reduce a buffer that is freed under it (stages 2-3).
+    if (layer_ready_[static_cast<std::size_t>(layer)]) throw usage_error(already_ready(layer, b));
+    layer_ready_[static_cast<std::size_t>(layer)] = true;
+    if (--waiting_[b] > 0) return;
+    if (!sync_) {  // stages 0-1 without sync: the micro-batch accumulates locally, the next one starts afresh
+      reset_bucket(b);
+      return;
+    }
+    // The layers stay marked until the reduction finishes (stages 2-3) or the step (stages 0-1).
+    launched_[b] = true;
+    synced_[b] = true;
     launch_reduction(b);
+  }
+
+  //! Waits for every reduction and gather in flight, rethrowing the first failure; what it had
+  //! not waited for yet stays in flight, so call it again until it returns. step() does it
+  //! itself. Call it before an optimizer with communication in flight is destroyed (e.g. after
+  //! an exception between grad_ready() and step()) to see such failures as exceptions.
+  void finish() {
+    finish_reductions();
+    for (std::size_t b = 0; b < pending_gather_.size(); ++b) wait_gather(b);
   }
 
   //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
   //! rank's shard and all-gathers the result. Every layer must have been marked ready.
   step_result step() {
-    for (std::size_t b = 0; b < ready_.size(); ++b) {
-      for (std::size_t l = 0; l < ready_[b].size(); ++l)
-        TRIDENT_EXPECT(!ready_[b][l], "step: layer ", layout_.buckets()[b].first_layer + static_cast<int>(l),
-                       " was marked ready but other layers of its bucket were not (call grad_ready for every layer)");
-      TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", layout_.buckets()[b].first_layer, "..",
-                     layout_.buckets()[b].last_layer, " were not reduced: every layer must be marked ready (grad_ready) in "
-                     "the last micro-batch, with gradient sync on");
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto& k = layout_.buckets()[b];
+      if (!launched_[b] && waiting_[b] != with_tensors_[b])
+        for (int l = k.first_layer; l <= k.last_layer; ++l)
+          TRIDENT_EXPECT(!layer_ready_[static_cast<std::size_t>(l)], "step: layer ", l, " was marked ready but other layers of its bucket (bucket ",
+                         b, ", layers ", k.first_layer, "..", k.last_layer, ") were not (call grad_ready for every layer)");
+      TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", k.first_layer, "..", k.last_layer, " were not reduced: every layer must be "
+                     "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
     }
     finish_reductions();
+    check_gradients_untouched();
 
-    // Overflow and norm over this rank's pieces, then over the group.
+    // Overflow and norm over this rank's pieces; then every rank's report, in one all-gather.
     const float unscale = static_cast<float>(1.0 / scaler_.scale());
     double sum_squares = 0;
     bool finite = true;
@@ -292,9 +381,14 @@ class zero_optimizer {
       sum_squares += st.sum_squares;
       finite = finite && st.finite;
     }
-    // One all-reduce for both: the sum of squares, and how many ranks saw a non-finite value.
-    const auto [norm_squared, nonfinite_ranks] = reduce_pair(sum_squares, finite ? 0.0 : 1.0);
-    const bool overflow = nonfinite_ranks != 0;
+    const auto reports = exchange_reports(sum_squares, finite);
+    check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
+    double norm_squared = 0;
+    bool overflow = false;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(comm_->size()); ++r) {
+      norm_squared += reports[r * report_fields + 0];  // in rank order: the same sum on every rank
+      overflow = overflow || reports[r * report_fields + 1] != 0;
+    }
     const double norm = std::sqrt(norm_squared);
     const bool applied = scaler_.update(overflow);
 
@@ -327,20 +421,62 @@ class zero_optimizer {
     return {applied, norm, static_cast<float>(scaler_.scale())};
   }
 
-  //! Clears the gradients (step() does this itself).
+  //! Clears the gradients, after waiting for reductions in flight (step() does this itself).
   void zero_grad() {
+    finish_reductions();  // they write into the buffers cleared here
     fill_zero(grads_);
-    for (auto& g : bucket_grads_) g = buffer<half_type, space>();
-    for (auto& r : ready_) std::fill(r.begin(), r.end(), false);
+    for (std::size_t b = 0; b < bucket_grads_.size(); ++b) {
+      auto& g = bucket_grads_[b];
+      bucket_live_[b] = false;
+      if (!options_.check_usage || g.size() == 0) {
+        g = buffer<half_type, space>();
+        stale_fingerprint_[b].reset();
+      } else {
+        // Checked mode keeps the buffer that earlier spans point into, so a late write through
+        // one lands here, not in freed memory, and is caught when the bucket is used again.
+        fill_zero(g);
+        stale_fingerprint_[b] = fingerprint(g.data(), g.size());
+      }
+    }
+    std::fill(layer_ready_.begin(), layer_ready_.end(), false);
+    waiting_ = with_tensors_;
+    std::fill(launched_.begin(), launched_.end(), false);
     std::fill(synced_.begin(), synced_.end(), false);
+    for (auto& f : reduced_fingerprint_) f.reset();
+    problem_.reset();
   }
 
  private:
   using request_type = decltype(std::declval<Comm&>().all_reduce_async(std::declval<space_span<half_type, space>>(), reduce_op::sum));
   struct pending {
     std::size_t bucket;
+    buffer<half_type, space> copy;  // checked mode: the private copy being reduced
+    std::uint64_t fingerprint;      // checked mode: the user's gradients when the reduction started
     request_type request;
   };
+
+  // A misuse found on this rank before step() (checked mode), reported by step() on every rank.
+  enum class misuse : int { none = 0, written_after_ready = 1, written_not_reduced = 2 };
+  struct problem {
+    misuse kind;
+    std::size_t bucket;
+  };
+
+  // What each rank contributes to step()'s all-gather.
+  static constexpr std::size_t report_fields = 6;  // sum of squares, non-finite, collectives, digest, misuse, bucket
+  // Bucket collectives remembered one by one to name the first disagreement (the digest covers all).
+  static constexpr std::size_t recorded_collectives = 1024;
+  static constexpr std::uint64_t fnv_basis = 1469598103934665603ull;
+
+  static zero_options validated(zero_options o) {
+    TRIDENT_EXPECT(!std::isnan(o.max_grad_norm) && o.max_grad_norm >= 0, "zero_optimizer: zero_options::max_grad_norm = ",
+                   o.max_grad_norm, "; expected 0 (no clipping) or a positive norm");
+    TRIDENT_EXPECT(o.bucket_bytes >= sizeof(half_type), "zero_optimizer: zero_options::bucket_bytes = ", o.bucket_bytes,
+                   "; expected at least one element (", sizeof(half_type), " bytes)");
+    TRIDENT_EXPECT(o.first_bucket_bytes >= sizeof(half_type), "zero_optimizer: zero_options::first_bucket_bytes = ",
+                   o.first_bucket_bytes, "; expected at least one element (", sizeof(half_type), " bytes)");
+    return o;
+  }
 
   template <class T>
   static buffer<T, space> zeroed(std::size_t n, mem_category c) {
@@ -352,19 +488,6 @@ class zero_optimizer {
   template <class T>
   static void upload(buffer<T, space>& dst, std::size_t at, const T* host, std::size_t n) {
     detail::copy_bytes(dst.data() + at, space::host_accessible, host, true, n * sizeof(T));
-  }
-
-  // Two doubles summed over the group, through the communicator's memory space, in a buffer
-  // kept for the optimizer's lifetime (allocating one per step would be a cudaMalloc/cudaFree,
-  // and a device-wide synchronisation, on every step of the CUDA path).
-  std::pair<double, double> reduce_pair(double first, double second) {
-    const double values[2] = {first, second};
-    upload(scalars_, 0, values, 2);
-    comm_->all_reduce(scalars_, reduce_op::sum);
-    comm_->synchronize();
-    double reduced[2];
-    detail::copy_bytes(reduced, true, scalars_.data(), space::host_accessible, sizeof reduced);
-    return {reduced[0], reduced[1]};
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
@@ -390,37 +513,298 @@ class zero_optimizer {
                         working);
   }
 
-  void launch_reduction(std::size_t b) {
-    if (!sync_) return;  // accumulate locally; the last micro-batch reduces
+  // ---- layers and buckets -------------------------------------------------------------------
+
+  std::string describe_bucket(std::size_t b) const {
     const auto& k = layout_.buckets()[b];
-    const reduce_op op = options_.average ? reduce_op::avg : reduce_op::sum;
+    return detail::concat("bucket ", b, " of ", layout_.buckets().size(), " (layers ", k.first_layer, "..", k.last_layer, ")");
+  }
+
+  std::string already_ready(int layer, std::size_t b) const {
+    const std::string head = detail::concat("grad_ready(", layer, "): layer ", layer, " was already marked ready");
+    if (!launched_[b]) {
+      int missing = -1;
+      const auto& k = layout_.buckets()[b];
+      for (int l = k.first_layer; l <= k.last_layer && missing < 0; ++l)
+        if (layout_.layer_elements(l) > 0 && !layer_ready_[static_cast<std::size_t>(l)]) missing = l;
+      return detail::concat(head, " in this micro-batch; its ", describe_bucket(b), " still waits for layer ", missing,
+                            ". Expected each layer once per micro-batch");
+    }
     if constexpr (Stage < 2) {
-      space_span<half_type, space> whole(grads_.data() + k.begin, k.size);
-      pending_reduce_.push_back({b, comm_->all_reduce_async(whole, op)});
+      return detail::concat(head, ", and its ", describe_bucket(b), " reduced, since the last step(). Expected each layer once "
+                            "per micro-batch, and stages 0-1 reduce a bucket once per step: call set_gradient_sync(false) "
+                            "before every micro-batch but the last");
     } else {
-      // Reduce-scatter in place: this rank's chunk of the bucket buffer receives its piece.
-      auto& g = bucket_grads_[b];
-      if (g.size() == 0) g = zeroed<half_type>(k.size, mem_category::communication);  // a layer without gradients
-      const std::size_t piece = layout_.piece_size(b);
-      space_span<half_type, space> mine(g.data() + static_cast<std::size_t>(rank_) * piece, piece);
-      pending_reduce_.push_back({b, comm_->reduce_scatter_async(g, mine, op)});
+      return detail::concat(head, " in this micro-batch, and the reduction of its ", describe_bucket(b), " is in flight. "
+                            "Expected each layer once per micro-batch: the bucket's next micro-batch starts when gradients() "
+                            "is asked for one of its tensors");
     }
   }
 
+  // The bucket's micro-batch is over: its layers may be marked ready again.
+  void reset_bucket(std::size_t b) {
+    const auto& k = layout_.buckets()[b];
+    for (int l = k.first_layer; l <= k.last_layer; ++l) layer_ready_[static_cast<std::size_t>(l)] = false;
+    waiting_[b] = with_tensors_[b];
+    launched_[b] = false;
+  }
+
+  // Stages 2-3: the bucket's gradient buffer for the current micro-batch, zeroed on first use.
+  buffer<half_type, space>& live_bucket(std::size_t b) {
+    auto& g = bucket_grads_[b];
+    if (bucket_live_[b]) return g;
+    if (stale_fingerprint_[b] && fingerprint(g.data(), g.size()) != *stale_fingerprint_[b])
+      note(misuse::written_after_ready, b);  // through a span of an earlier micro-batch
+    stale_fingerprint_[b].reset();
+    if (g.size() == 0) g = buffer<half_type, space>(layout_.buckets()[b].size, mem_category::communication);
+    fill_zero(g);
+    bucket_live_[b] = true;
+    return g;
+  }
+
+  // ---- reductions ---------------------------------------------------------------------------
+
+  void launch_reduction(std::size_t b) {
+    const auto& k = layout_.buckets()[b];
+    const reduce_op op = options_.average ? reduce_op::avg : reduce_op::sum;
+    // The user's gradients: stages 0-1 the bucket's region of the gradient buffer (reduced in
+    // place), stages 2-3 its communication buffer (reduce-scattered in place into this rank's
+    // chunk). Checked mode reduces a private copy instead, so that the user's memory is neither
+    // read by the communicator while a late write lands nor overwritten, and can be compared.
+    half_type* user = nullptr;
+    if constexpr (Stage < 2) user = grads_.data() + k.begin;
+    else user = live_bucket(b).data();
+    buffer<half_type, space> copy;
+    std::uint64_t print = 0;
+    half_type* data = user;
+    if (options_.check_usage) {
+      copy = buffer<half_type, space>(k.size, mem_category::communication);
+      detail::copy_bytes(copy.data(), space::host_accessible, user, space::host_accessible, k.size * sizeof(half_type));
+      print = fingerprint(user, k.size);
+      data = copy.data();
+    }
+    space_span<half_type, space> whole(data, k.size);
+    if constexpr (Stage < 2) {
+      pending_reduce_.push_back({b, std::move(copy), print, comm_->all_reduce_async(whole, op)});
+    } else {
+      const std::size_t piece = layout_.piece_size(b);
+      space_span<half_type, space> mine(data + static_cast<std::size_t>(rank_) * piece, piece);
+      pending_reduce_.push_back({b, std::move(copy), print, comm_->reduce_scatter_async(whole, mine, op)});
+    }
+    record(b, false);
+  }
+
   void finish_reductions() {
-    for (auto& p : pending_reduce_) {
-      p.request.wait();
-      if constexpr (Stage >= 2) {
-        // Accumulate this rank's reduced piece into the gradient shard; the bucket buffer goes.
-        const std::size_t piece = layout_.piece_size(p.bucket);
-        auto& g = bucket_grads_[p.bucket];
-        half_type* shard = grads_.data() + layout_.buckets()[p.bucket].shard_begin;
-        engine<space>::accumulate(*comm_, shard, g.data() + static_cast<std::size_t>(rank_) * piece, piece);
-        comm_->synchronize();  // the bucket buffer is freed next
-        g = buffer<half_type, space>();
+    // An entry leaves the list once waited for; after a failure the rest stay for finish() or
+    // the destructor to wait for.
+    std::size_t done = 0;
+    try {
+      for (; done < pending_reduce_.size(); ++done) {
+        auto& p = pending_reduce_[done];
+        p.request.wait();
+        complete_reduction(p);
       }
+    } catch (...) {
+      pending_reduce_.erase(pending_reduce_.begin(), pending_reduce_.begin() + static_cast<std::ptrdiff_t>(done + 1));
+      throw;
     }
     pending_reduce_.clear();
+  }
+
+  void complete_reduction(pending& p) {
+    const std::size_t b = p.bucket;
+    const auto& k = layout_.buckets()[b];
+    const bool checked = options_.check_usage;
+    if constexpr (Stage < 2) {
+      half_type* user = grads_.data() + k.begin;
+      if (checked) {
+        if (fingerprint(user, k.size) != p.fingerprint) note(misuse::written_after_ready, b);
+        detail::copy_bytes(user, space::host_accessible, p.copy.data(), space::host_accessible, k.size * sizeof(half_type));
+        reduced_fingerprint_[b] = fingerprint(user, k.size);  // step() checks nobody wrote after this
+      }
+      // The layers stay marked ready until step(): a bucket is reduced once per step.
+    } else {
+      // Accumulate this rank's reduced piece into the gradient shard.
+      const std::size_t piece = layout_.piece_size(b);
+      auto& g = bucket_grads_[b];
+      const half_type* reduced = (checked ? p.copy.data() : g.data()) + static_cast<std::size_t>(rank_) * piece;
+      engine<space>::accumulate(*comm_, grads_.data() + k.shard_begin, reduced, piece);
+      comm_->synchronize();  // the buffers may be freed or reused next
+      bucket_live_[b] = false;
+      if (checked) {
+        // Kept, so that spans into it stay valid memory; a write through one is caught later.
+        const auto now = fingerprint(g.data(), g.size());
+        if (now != p.fingerprint) note(misuse::written_after_ready, b);
+        stale_fingerprint_[b] = now;
+      } else {
+        g = buffer<half_type, space>();
+      }
+      reset_bucket(b);  // the bucket's next micro-batch may begin
+    }
+    p.copy = buffer<half_type, space>();
+  }
+
+  // step(): gradients nobody may have touched since they were reduced.
+  void check_gradients_untouched() {
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto& k = layout_.buckets()[b];
+      if constexpr (Stage < 2) {
+        if (reduced_fingerprint_[b] && fingerprint(grads_.data() + k.begin, k.size) != *reduced_fingerprint_[b])
+          note(misuse::written_after_ready, b);
+      } else {
+        auto& g = bucket_grads_[b];
+        // gradients() began a micro-batch for the bucket that was never reduced: cheap to catch
+        // in any mode, since no bucket is live here unless that happened.
+        if (bucket_live_[b] && !all_zero(g)) note(misuse::written_not_reduced, b);
+        if (stale_fingerprint_[b] && fingerprint(g.data(), g.size()) != *stale_fingerprint_[b]) note(misuse::written_after_ready, b);
+      }
+    }
+  }
+
+  void note(misuse kind, std::size_t bucket) {
+    if (!problem_) problem_ = problem{kind, bucket};
+  }
+
+  // ---- checked mode: fingerprints and poison -------------------------------------------------
+
+  // 64 bits that change with any change of the bytes (not cryptographic: it catches mistakes).
+  static std::uint64_t fingerprint_bytes(const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes;
+    std::size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+      h ^= h >> 32;
+    }
+    for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+  }
+  // Device memory is copied to the host first, after the communicator's stream: checked mode
+  // pays for it.
+  std::vector<half_type> host_copy(const half_type* data, std::size_t n) {
+    comm_->synchronize();
+    std::vector<half_type> host(n);
+    detail::copy_bytes(host.data(), true, data, space::host_accessible, n * sizeof(half_type));
+    return host;
+  }
+  std::uint64_t fingerprint(const half_type* data, std::size_t n) {
+    if constexpr (space::host_accessible) return fingerprint_bytes(data, n * sizeof(half_type));
+    else return fingerprint_bytes(host_copy(data, n).data(), n * sizeof(half_type));
+  }
+  bool all_zero(const buffer<half_type, space>& g) {
+    const auto bytes = [](const half_type* d, std::size_t n) {
+      const auto* p = reinterpret_cast<const unsigned char*>(d);
+      return std::all_of(p, p + n * sizeof(half_type), [](unsigned char c) { return c == 0; });
+    };
+    if constexpr (space::host_accessible) return bytes(g.data(), g.size());
+    else return bytes(host_copy(g.data(), g.size()).data(), g.size());
+  }
+  void poison(buffer<half_type, space>& b) {
+    const std::vector<half_type> nan(b.size(), std::numeric_limits<half_type>::quiet_NaN());
+    upload(b, 0, nan.data(), nan.size());
+  }
+
+  // ---- ranks agree: step()'s all-gather of reports -------------------------------------------
+
+  // Every bucket collective (reduction or stage-3 gather) this rank queued since the last step,
+  // in order: ranks must agree, since collectives are matched by position.
+  void record(std::size_t b, bool gather) {
+    const std::uint64_t code = 2 * static_cast<std::uint64_t>(b) + (gather ? 1 : 0);
+    digest_ = (digest_ ^ code) * 1099511628211ull;  // FNV-1a
+    if (sequence_.size() < recorded_collectives) sequence_.push_back(code);
+    ++collectives_;
+  }
+
+  // All-gathered rather than all-reduced: every rank sees every report, so every rank can name
+  // the rank that differs, and sums the norm in the same (rank) order. The buffer is kept for
+  // the optimizer's life (allocating one per step would be a cudaMalloc/cudaFree, and a
+  // device-wide synchronisation, on every step of the CUDA path).
+  std::vector<double> exchange_reports(double sum_squares, bool finite) {
+    // Integers below 2^53 travel exactly in doubles.
+    const double mine[report_fields] = {sum_squares,
+                                        finite ? 0.0 : 1.0,
+                                        static_cast<double>(collectives_),
+                                        static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1)),
+                                        static_cast<double>(problem_ ? static_cast<int>(problem_->kind) : 0),
+                                        static_cast<double>(problem_ ? problem_->bucket : 0)};
+    const std::size_t at = static_cast<std::size_t>(rank_) * report_fields;
+    upload(reports_, at, mine, report_fields);
+    comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
+    comm_->synchronize();
+    return to_vector(reports_);
+  }
+
+  // Every rank holds every report, so every rank throws the same error; the step is discarded
+  // first so the optimizer can go on.
+  void check_reports(const std::vector<double>& reports) {
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    auto field = [&](std::size_t r, std::size_t f) { return reports[r * report_fields + f]; };
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto kind = static_cast<misuse>(static_cast<int>(field(r, 4)));
+      if (kind == misuse::none) continue;
+      const auto b = static_cast<std::size_t>(field(r, 5));
+      discard_step();
+      if (kind == misuse::written_after_ready)
+        throw usage_error(detail::concat(
+            "step: on rank ", r, ", gradients of ", describe_bucket(b), " were written after grad_ready() marked its layers "
+            "ready; the reduction had already taken them, so ranks would apply different gradients. Expected every write "
+            "to a layer's gradients before grad_ready(layer) (a gradients() span serves one micro-batch). Nothing was applied"));
+      throw usage_error(detail::concat(
+          "step: on rank ", r, ", gradients of ", describe_bucket(b), " were written after the bucket's last reduction and "
+          "never reduced: gradients() began a new micro-batch for it, but its layers were not marked ready (grad_ready) "
+          "again before step(). Nothing was applied"));
+    }
+    for (std::size_t r = 1; r < n; ++r)
+      if (field(r, 2) != field(0, 2) || field(r, 3) != field(0, 3)) throw_order_mismatch(reports);
+    collectives_ = 0;
+    digest_ = fnv_basis;
+    sequence_.clear();
+  }
+
+  void discard_step() {
+    zero_grad();
+    invalidate_gathered();  // stage 3: a bucket gathered out of order may hold another bucket's values
+    collectives_ = 0;
+    digest_ = fnv_basis;
+    sequence_.clear();
+  }
+
+  // The ranks' bucket collectives differ: exchange the recorded sequences (error path only) and
+  // name the first position where they part.
+  [[noreturn]] void throw_order_mismatch(const std::vector<double>& reports) {
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    std::size_t longest = 0;
+    for (std::size_t r = 0; r < n; ++r) longest = std::max(longest, static_cast<std::size_t>(reports[r * report_fields + 2]));
+    const std::size_t len = std::max<std::size_t>(1, std::min(longest, recorded_collectives));  // the same on every rank
+    std::vector<double> mine(len, -1.0);
+    for (std::size_t i = 0; i < std::min(len, sequence_.size()); ++i) mine[i] = static_cast<double>(sequence_[i]);
+    buffer<double, space> all(len * n, mem_category::communication);
+    upload(all, static_cast<std::size_t>(rank_) * len, mine.data(), len);
+    comm_->all_gather(space_span<const double, space>(all.data() + static_cast<std::size_t>(rank_) * len, len), all);
+    comm_->synchronize();
+    const auto seq = to_vector(all);
+    discard_step();
+    auto what = [&](std::size_t r, double code) {
+      if (code < 0)
+        return detail::concat("nothing (rank ", r, " issued ", static_cast<std::size_t>(reports[r * report_fields + 2]), ")");
+      const auto c = static_cast<std::uint64_t>(code);
+      return detail::concat(c % 2 ? "the all-gather of " : (Stage < 2 ? "the all-reduce of " : "the reduce-scatter of "),
+                            describe_bucket(static_cast<std::size_t>(c / 2)));
+    };
+    for (std::size_t i = 0; i < len; ++i)
+      for (std::size_t r = 1; r < n; ++r)
+        if (seq[r * len + i] != seq[i])
+          throw usage_error(detail::concat(
+              "step: the ranks issued their bucket collectives in different orders, and collectives are matched by "
+              "position, not by bucket: since the last step, collective ", i + 1, " was ", what(0, seq[i]), " on rank 0 but ",
+              what(r, seq[r * len + i]), " on rank ", r, ", so data of one bucket went into another. Expected every rank to "
+              "touch its layers (parameters() in stage 3, grad_ready()) in the same order. Nothing was applied"));
+    throw usage_error(detail::concat("step: the ranks issued their bucket collectives in different orders (beyond the first ",
+                                     recorded_collectives, " since the last step), and collectives are matched by position, "
+                                     "not by bucket. Expected every rank to touch its layers in the same order. Nothing was "
+                                     "applied"));
   }
 
   // ---- stage 3 gathering --------------------------------------------------------------------
@@ -428,23 +812,30 @@ class zero_optimizer {
 
   void start_gather(std::size_t b) {
     if constexpr (Stage == 3) {
-      if (gathered_[b].size() != 0 || pending_gather_[b]) return;
+      if (is_gathered_[b]) return;  // gathered, or being gathered
       const auto& k = layout_.buckets()[b];
       const std::size_t piece = layout_.piece_size(b);
-      gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
+      // Checked mode gathers into the buffer it poisoned on release, so a stale span sees
+      // either NaN or this bucket's values, never another bucket's.
+      if (gathered_[b].size() == 0) gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
       detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
       pending_gather_[b].emplace(comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]));
+      is_gathered_[b] = true;
+      record(b, true);
     } else {
       (void)b;
     }
   }
+  void wait_gather(std::size_t b) {
+    if (!pending_gather_[b]) return;
+    auto r = std::move(*pending_gather_[b]);
+    pending_gather_[b].reset();
+    r.wait();
+  }
   void gather(std::size_t b) {
     start_gather(b);
-    if (pending_gather_[b]) {
-      pending_gather_[b]->wait();
-      pending_gather_[b].reset();
-    }
+    wait_gather(b);
   }
   void prefetch_after(std::size_t b) {
     const bool forward = !last_gathered_ || *last_gathered_ <= b;
@@ -453,15 +844,41 @@ class zero_optimizer {
     if (forward && b + 1 < layout_.buckets().size()) start_gather(b + 1);
     if (!forward && b > 0) start_gather(b - 1);
   }
+  // The bucket's gathered parameters are no longer valid. A gather still in flight writes into
+  // the buffer, so it is waited for first.
+  void drop_gathered(std::size_t b) {
+    wait_gather(b);
+    is_gathered_[b] = false;
+    if (options_.check_usage) poison(gathered_[b]);
+    else gathered_[b] = buffer<half_type, space>();
+  }
   void invalidate_gathered() {
-    if constexpr (Stage == 3) {
-      for (std::size_t b = 0; b < gathered_.size(); ++b) {
-        if (pending_gather_[b]) {
-          pending_gather_[b]->wait();
-          pending_gather_[b].reset();
-        }
-        gathered_[b] = buffer<half_type, space>();
+    if constexpr (Stage == 3)
+      for (std::size_t b = 0; b < gathered_.size(); ++b)
+        if (is_gathered_[b]) drop_gathered(b);
+  }
+
+  // ---- destruction --------------------------------------------------------------------------
+  void wait_in_destructor(request_type& r) noexcept {
+    try {
+      r.wait();
+    } catch (const std::exception& e) {
+      report_lost(e.what());
+    } catch (...) {
+      report_lost("an exception not derived from std::exception");
+    }
+  }
+  void report_lost(const char* what) noexcept {
+    try {
+      const std::string message = detail::concat("zero_optimizer destroyed with communication in flight, which failed: ", what,
+                                                 " (call finish() before destruction to get this as an exception)");
+      if (options_.on_destructor_error) {
+        options_.on_destructor_error(message);
+        return;
       }
+      std::fprintf(stderr, "trident: %s\n", message.c_str());
+    } catch (...) {
+      std::fprintf(stderr, "trident: zero_optimizer destroyed with communication in flight, which failed: %s\n", what);
     }
   }
 
@@ -479,14 +896,29 @@ class zero_optimizer {
   buffer<half_type, space> grads_;    // full (stages 0-1) or shard (stages 2-3)
   std::array<buffer<float, space>, Opt::state_count> states_;  // full (stage 0) or shard
 
-  std::vector<std::vector<bool>> ready_;        // per bucket, per layer
+  // Readiness: per layer, marked in this micro-batch; per bucket, layers with tensors (those
+  // that must be marked) and how many are still to come.
+  std::vector<bool> layer_ready_;
+  std::vector<std::size_t> with_tensors_, waiting_;
+  std::vector<bool> launched_;  // the bucket's reduction was started: its layers stay marked (see grad_ready)
+  std::vector<bool> synced_;    // reduced since the last step
+
   std::vector<buffer<half_type, space>> bucket_grads_;  // stages 2-3: per-bucket gradient buffers, while in use
+  std::vector<bool> bucket_live_;                       // stages 2-3: the buffer holds this micro-batch's gradients
   std::vector<pending> pending_reduce_;
-  std::vector<buffer<half_type, space>> gathered_;     // stage 3: full buckets, while gathered
+  std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
+  std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
   std::vector<std::optional<request_type>> pending_gather_;
-  std::vector<bool> synced_;                    // reduced since the last step
   std::optional<std::size_t> last_gathered_;
-  buffer<double, space> scalars_;               // step()'s norm and overflow, reduced together
+
+  // Checked mode: fingerprints of gradients that nobody may change any more.
+  std::vector<std::optional<std::uint64_t>> stale_fingerprint_;    // stages 2-3: a finished bucket's kept buffer
+  std::vector<std::optional<std::uint64_t>> reduced_fingerprint_;  // stages 0-1: a reduced bucket's region
+  std::optional<problem> problem_;                                  // the first misuse seen since the last step
+
+  std::uint64_t collectives_ = 0, digest_ = fnv_basis;  // bucket collectives since the last step
+  std::vector<std::uint64_t> sequence_;                 // the first recorded_collectives of them
+  buffer<double, space> reports_;                        // step()'s all-gather: report_fields per rank
 };
 
 }  // namespace trident::zero
