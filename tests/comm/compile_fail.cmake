@@ -2,7 +2,8 @@
 # readable message (checked with the compiler, so it cannot silently stop being one).
 set(_cases "control|" "host_range_to_device_comm|works on memory in its own space"
            "device_buffer_to_host_comm|works on memory in its own space" "mixed_element_types|must have the same element type"
-           "zero_stage_4|Stage must be 0, 1, 2 or 3")
+           "zero_stage_4|Stage must be 0, 1, 2 or 3" "zero_wrong_optimizer|Opt must model trident::optim::optimizer"
+           "zero_wrong_precision|Precision must model trident::precision_policy")
 foreach(entry IN LISTS _cases)
   string(REPLACE "|" ";" parts "${entry}")
   list(GET parts 0 case)

@@ -39,6 +39,15 @@ void cases(stand_in<trident::host_space>& host_comm, stand_in<trident::cuda_spac
 #elif defined(CASE_zero_stage_4)
   trident::model_spec spec;
   trident::zero::zero_optimizer<4, trident::optim::sgd, stand_in<trident::host_space>> z(host_comm, spec, {});
+#elif defined(CASE_zero_wrong_optimizer)
+  struct not_an_optimizer {
+    float lr = 0.1f;
+  };
+  trident::model_spec spec;
+  trident::zero::zero_optimizer<1, not_an_optimizer, stand_in<trident::host_space>> z(host_comm, spec, {});
+#elif defined(CASE_zero_wrong_precision)
+  trident::model_spec spec;
+  trident::zero::zero_optimizer<1, trident::optim::sgd, stand_in<trident::host_space>, double> z(host_comm, spec, {});
 #else  // the control: the right memory compiles
   host_comm.all_reduce(host_vector);
   device_comm.all_reduce(device_buffer);

@@ -155,6 +155,14 @@ struct step_result {
 template <int Stage, class Opt, communicator Comm, class Precision = full_precision>
 class zero_optimizer {
   static_assert(Stage >= 0 && Stage <= 3, "zero_optimizer<Stage, ...>: Stage must be 0, 1, 2 or 3 (the ZeRO stages)");
+  // Said here in words, before any member uses Opt or Precision and fails deep inside.
+  static_assert(optim::optimizer<Opt>,
+                "zero_optimizer<Stage, Opt, ...>: Opt must model trident::optim::optimizer: a nested `options` type, an "
+                "`opt` member of it, `static constexpr std::size_t state_count`, and a const step(params, grads, state, "
+                "step_number, multiplier[, working]) for float, fp16 and bf16 gradients (optim/optimizers.hpp)");
+  static_assert(precision_policy<Precision>,
+                "zero_optimizer<Stage, Opt, Comm, Precision>: Precision must model trident::precision_policy: half_type "
+                "(float, fp16 or bf16), scaler_type (a loss_scaler) and has_master, e.g. trident::mixed_precision<bf16>");
   static_assert(requires { sizeof(engine<typename Comm::space>); },
                 "zero_optimizer: no engine for this communicator's memory space; for cuda_space (nccl_comm) include "
                 "<trident/parallel/data/cuda/zero_engine.cuh> (compiled by nvcc)");
