@@ -198,6 +198,19 @@ struct constant_factor_lr {
   }
 };
 
+namespace detail {
+// PyTorch's SequentialLR([warm-up, decay], milestones=[warmup_steps]): the warm-up while
+// step - 1 < warmup_steps, then decay(t) with t = step - 1 - warmup_steps (its epoch from 0).
+template <class Decay>
+double torch_sequential(const char* who, const linear_warmup_lr& warmup, std::int64_t decay_steps, std::int64_t step,
+                        Decay decay) {
+  check_step_number(who, step);
+  TRIDENT_EXPECT(decay_steps >= 1, who, ": decay_steps must be >= 1, got ", decay_steps);
+  if (step - 1 < warmup.warmup_steps) return warmup(step);
+  return decay(static_cast<double>(step - 1 - warmup.warmup_steps));
+}
+}  // namespace detail
+
 //! PyTorch's SequentialLR of a LinearLR warm-up (warmup_steps) and a CosineAnnealingLR(T_max =
 //! decay_steps, eta_min): step k uses the warm-up while k - 1 < warmup_steps, then
 //! eta_min + (lr - eta_min)(1 + cos(pi t / decay_steps)) / 2 with t = k - 1 - warmup_steps
@@ -210,12 +223,12 @@ struct warmup_cosine_decay_lr {
   double eta_min = 0.0;
 
   double operator()(std::int64_t step) const {
-    detail::check_step_number("warmup_cosine_decay_lr", step);
     detail::check_lr("warmup_cosine_decay_lr", "eta_min", eta_min);
-    TRIDENT_EXPECT(decay_steps >= 1, "warmup_cosine_decay_lr: decay_steps must be >= 1, got ", decay_steps);
-    if (step - 1 < warmup_steps) return linear_warmup_lr{lr, start_factor, warmup_steps, 1.0}(step);
-    const double t = static_cast<double>(step - 1 - warmup_steps);
-    return eta_min + (lr - eta_min) * (1.0 + std::cos(std::numbers::pi * t / static_cast<double>(decay_steps))) / 2.0;
+    return detail::torch_sequential("warmup_cosine_decay_lr", {lr, start_factor, warmup_steps, 1.0}, decay_steps, step,
+                                    [&](double t) {
+                                      return eta_min + (lr - eta_min) *
+                                                           (1.0 + std::cos(std::numbers::pi * t / static_cast<double>(decay_steps))) / 2.0;
+                                    });
   }
 };
 
@@ -229,13 +242,13 @@ struct warmup_linear_decay_lr {
   double end_factor = 0.0;
 
   double operator()(std::int64_t step) const {
-    detail::check_step_number("warmup_linear_decay_lr", step);
     TRIDENT_EXPECT(end_factor >= 0 && end_factor <= 1, "warmup_linear_decay_lr: end_factor must be in [0, 1], got ",
                    end_factor);
-    TRIDENT_EXPECT(decay_steps >= 1, "warmup_linear_decay_lr: decay_steps must be >= 1, got ", decay_steps);
-    if (step - 1 < warmup_steps) return linear_warmup_lr{lr, start_factor, warmup_steps, 1.0}(step);
-    const auto t = std::min(step - 1 - warmup_steps, decay_steps);
-    return lr * (1.0 + (end_factor - 1.0) * static_cast<double>(t) / static_cast<double>(decay_steps));
+    return detail::torch_sequential("warmup_linear_decay_lr", {lr, start_factor, warmup_steps, 1.0}, decay_steps, step,
+                                    [&](double t) {
+                                      return lr * (1.0 + (end_factor - 1.0) * std::min(t, static_cast<double>(decay_steps)) /
+                                                             static_cast<double>(decay_steps));
+                                    });
   }
 };
 
