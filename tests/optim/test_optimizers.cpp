@@ -391,3 +391,32 @@ TEST_CASE("clip_multiplier is clip_grad_norm_'s coefficient") {
   CHECK(optim::clip_multiplier(std::numeric_limits<double>::infinity(), 1.0f) == 0.0f);
   CHECK_THROWS_AS(optim::clip_multiplier(1.0, 0.0f), trident::usage_error);
 }
+
+TEST_CASE("bad hyperparameters are usage errors naming the option and the value (torch.optim's ranges)") {
+  std::vector<float> p(8, 1.0f), g(8, 0.5f), m(8), v(8);
+  auto adamw_with = [&](auto set) {
+    trident::optim::adamw o;
+    set(o.opt);
+    o.step(std::span<float>(p), std::span<const float>(g), {std::span<float>(m), std::span<float>(v)}, 1);
+  };
+  CHECK_THROWS_WITH_AS(adamw_with([](auto& o) { o.lr = NAN; }), doctest::Contains("adamw: lr = nan is out of range"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS(adamw_with([](auto& o) { o.lr = -1e-3f; }), doctest::Contains("lr = -0.001"), trident::usage_error);
+  CHECK_THROWS_WITH_AS(adamw_with([](auto& o) { o.beta1 = 1.0f; }), doctest::Contains("beta1 = 1"), trident::usage_error);
+  CHECK_THROWS_WITH_AS(adamw_with([](auto& o) { o.beta2 = -0.1f; }), doctest::Contains("beta2"), trident::usage_error);
+  CHECK_THROWS_WITH_AS(adamw_with([](auto& o) { o.eps = NAN; }), doctest::Contains("eps"), trident::usage_error);
+  CHECK_THROWS_WITH_AS(adamw_with([](auto& o) { o.weight_decay = INFINITY; }), doctest::Contains("weight_decay"),
+                       trident::usage_error);
+  CHECK(p == std::vector<float>(8, 1.0f));  // nothing was touched
+  trident::optim::adam a{{.lr = NAN}};
+  CHECK_THROWS_WITH_AS(a.step(std::span<float>(p), std::span<const float>(g), {std::span<float>(m), std::span<float>(v)}, 1),
+                       doctest::Contains("adam: lr"), trident::usage_error);
+  trident::optim::sgd s{{.lr = 0.1f, .momentum = -0.9f}};
+  CHECK_THROWS_WITH_AS(s.step(std::span<float>(p), std::span<const float>(g), {std::span<float>(m)}, 1),
+                       doctest::Contains("sgd: momentum = -0.9"), trident::usage_error);
+  s.opt = {.lr = NAN};
+  CHECK_THROWS_WITH_AS(s.step(std::span<float>(p), std::span<const float>(g), {std::span<float>(m)}, 1),
+                       doctest::Contains("sgd: lr"), trident::usage_error);
+  trident::optim::adamw zero_lr{{.lr = 0.0f}};  // legal, as in torch (DeepSpeed's first cosine step uses it)
+  zero_lr.step(std::span<float>(p), std::span<const float>(g), {std::span<float>(m), std::span<float>(v)}, 1);
+}

@@ -11,6 +11,10 @@
 //     grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1)
 //     float clip_multiplier(double global_norm, float max_norm)
 //
+// Hyperparameters are checked once per step, with torch.optim's ranges (lr, eps, weight_decay,
+// momentum >= 0; betas in [0, 1); every value finite): a NaN or negative lr is a usage_error
+// naming it, not NaN parameters.
+//
 //   o.step(params, grads, state, step_number, grad_multiplier = 1, working_copy = {})
 //     params        std::span<float>                 fp32 values updated in place (master weights)
 //     grads         std::span<const Grad>            Grad = float, fp16 or bf16
@@ -50,6 +54,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <thread>
 #include <type_traits>
@@ -213,6 +218,23 @@ decltype(auto) visit_adam(const Options& o, std::int64_t step_number, F&& f) {
 }
 
 // ---- argument checks ---------------------------------------------------------------------------
+
+//! torch.optim's ranges, written so that NaN fails every one of them (a NaN lr trained to NaN
+//! parameters without a word): a finite value in [low, high), or [low, high] when `closed`.
+inline void check_option(const char* who, const char* name, double value, double low, double high, bool closed) {
+  const bool ok = std::isfinite(value) && value >= low && (closed ? value <= high : value < high);
+  TRIDENT_EXPECT(ok, who, ": ", name, " = ", value, " is out of range; expected a finite value in [", low, ", ", high,
+                 closed ? "]" : ")");
+}
+template <class Options>
+void check_adam_options(const char* who, const Options& o) {
+  constexpr double inf = std::numeric_limits<double>::max();
+  check_option(who, "lr", o.lr, 0, inf, true);
+  check_option(who, "beta1", o.beta1, 0, 1, false);
+  check_option(who, "beta2", o.beta2, 0, 1, false);
+  check_option(who, "eps", o.eps, 0, inf, true);
+  check_option(who, "weight_decay", o.weight_decay, 0, inf, true);
+}
 
 inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
   if (a_bytes == 0 || b_bytes == 0) return false;
@@ -401,6 +423,11 @@ struct sgd {
   //! Calls f with this step's element update (a detail::sgd_update<...>); see the header comment.
   template <class F>
   decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
+    constexpr double inf = std::numeric_limits<double>::max();
+    detail::check_option("sgd", "lr", opt.lr, 0, inf, true);
+    detail::check_option("sgd", "momentum", opt.momentum, 0, inf, true);
+    detail::check_option("sgd", "dampening", opt.dampening, -inf, inf, true);  // torch checks only the others
+    detail::check_option("sgd", "weight_decay", opt.weight_decay, 0, inf, true);
     TRIDENT_EXPECT(!opt.nesterov || (opt.momentum > 0 && opt.dampening == 0),
                    "sgd: Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)");
     const float neg_lr = static_cast<float>(-static_cast<double>(opt.lr));
@@ -451,6 +478,7 @@ struct adam {
 
   template <class F>
   decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
+    detail::check_adam_options("adam", opt);
     if (opt.weight_decay != 0) return detail::visit_adam<true, false>(opt, step_number, std::forward<F>(f));
     return detail::visit_adam<false, false>(opt, step_number, std::forward<F>(f));
   }
@@ -483,6 +511,7 @@ struct adamw {
 
   template <class F>
   decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
+    detail::check_adam_options("adamw", opt);
     if (opt.weight_decay != 0) return detail::visit_adam<false, true>(opt, step_number, std::forward<F>(f));
     return detail::visit_adam<false, false>(opt, step_number, std::forward<F>(f));
   }
