@@ -776,8 +776,11 @@ class local_comm : public collectives<local_comm, host_space> {
       worker_->stop = true;
       // Destroyed by an exception with work still queued: the peers may wait for this rank in
       // that work, and this rank waits for it to finish. Abort now, naming this rank, so both
-      // sides fail at once instead of after the timeout.
-      if (worker_->pending != 0 && std::uncaught_exceptions() > 0 && group_)
+      // sides fail at once instead of after the timeout. Work not yet started, not `pending`:
+      // a task counts as pending a moment after its request is done, and a rank that waited
+      // for every request and then threw must not abort the world with this (misleading) reason.
+      // (A request dropped while its work runs aborts in its own destructor.)
+      if (!worker_->queue.empty() && std::uncaught_exceptions() > 0 && group_)
         world().abort(world_rank(), "an exception left the rank's function with asynchronous operations queued");
     }
     worker_->cv.notify_all();
