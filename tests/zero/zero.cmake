@@ -19,3 +19,6 @@ if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi)
   target_include_directories(test_zero_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
   set_property(TEST zero.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
 endif()
+# Random models and call sequences (issue 17): TRIDENT_RANDOM_EPISODES / TRIDENT_RANDOM_SEED for longer runs.
+trident_add_test(zero.random SOURCES zero/test_zero_random.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
+target_include_directories(test_zero_random PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
