@@ -21,6 +21,7 @@
 #include "trident/core/space_span.hpp"
 
 #include "trident/exec/cuda/stream.hpp"
+#include "trident/exec/thread_pool.hpp"
 
 #include "trident/launch/device.hpp"
 #include "trident/launch/launch_env.hpp"

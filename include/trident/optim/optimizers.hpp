@@ -35,7 +35,8 @@
 // (it does not on x86-64 without -mfma) — within an ulp or two otherwise.
 //
 // The host step works in tiles of 1024 elements (fixed-length loops that g++ -O2 vectorises)
-// and, above 2^18 elements, on up to hardware_concurrency threads over contiguous ranges. Each
+// and, above 2^18 elements, on up to hardware_concurrency threads of the program's thread_pool
+// (exec/thread_pool.hpp) over contiguous ranges. Each
 // element's arithmetic is the same whatever the split, so results are bitwise identical for any
 // thread count or call chunking.
 //
@@ -63,6 +64,7 @@
 #include "trident/core/config.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
+#include "trident/exec/thread_pool.hpp"
 
 // The tiles' square roots: std::sqrt may set errno, which keeps g++ from vectorising it (and
 // no per-function option lifts that in a header), so the full tiles take the SIMD square root,
@@ -291,7 +293,7 @@ inline unsigned worker_count(std::size_t n) noexcept {
 }
 
 //! fn(begin, end) over contiguous ranges covering [0, n), each starting on a multiple of
-//! `granule`; the calling thread takes the first. fn must not throw.
+//! `granule`, on the program's thread pool (the calling thread included). fn must not throw.
 template <class Fn>
 void parallel_ranges(std::size_t n, std::size_t granule, const Fn& fn) {
   const unsigned workers = worker_count(n);
@@ -301,20 +303,13 @@ void parallel_ranges(std::size_t n, std::size_t granule, const Fn& fn) {
   }
   const std::size_t granules = (n + granule - 1) / granule;
   const std::size_t per = (granules + workers - 1) / workers * granule;
-  std::vector<std::thread> threads;
-  threads.reserve(workers - 1);
-  for (unsigned w = 1; w < workers; ++w) {
+  // The ranges are fixed by n alone, so which thread runs one changes nothing in the result.
+  // The program's pool runs them: no thread is started per step.
+  thread_pool::shared().parallel_for(workers, [&](std::size_t w) {
     const std::size_t begin = std::min(n, w * per);
     const std::size_t end = std::min(n, begin + per);
-    if (begin >= end) break;
-    try {
-      threads.emplace_back([&fn, begin, end] { fn(begin, end); });
-    } catch (...) {
-      fn(begin, end);  // no thread to be had: do that range here
-    }
-  }
-  fn(std::size_t{0}, std::min(n, per));
-  for (auto& t : threads) t.join();
+    if (begin < end) fn(begin, end);
+  });
 }
 
 template <class Grad>
