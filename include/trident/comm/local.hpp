@@ -385,7 +385,10 @@ class local_comm : public collectives<local_comm, host_space> {
       signal.sleepers.fetch_sub(1, std::memory_order_relaxed);
       if (done || ready()) return;
       if (aborted) throw aborted_error(what);
-      if (peer_left(peer)) {
+      // A peer publishes its last progress before it marks itself as left, so the progress
+      // is visible once `left` is: look again, or a peer that finished between our ready() and
+      // this load would be blamed for leaving without taking part.
+      if (peer_left(peer) && !ready()) {
         const std::string why = detail::concat(what, " on rank ", rank_, " waits for rank ", peer,
                                                ", which has returned from its function without taking part");
         world().abort(world_rank(), why);
