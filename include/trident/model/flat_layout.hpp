@@ -1,7 +1,9 @@
 #pragma once
 // Flat storage for data parallelism and ZeRO: tensors registered by name, shape and layer,
 // packed into one contiguous buffer, cut into size-capped buckets, each bucket padded so it
-// splits evenly over the data-parallel group.
+// splits evenly over the data-parallel group. How a bucket, and a `sharded<T>`, is divided is
+// the one rule of model/sharding.hpp (a 1-D `sharding::split`), the same that tensor
+// parallelism and checkpoints use.
 //
 //   struct model_spec        tensors by name, shape and layer, in forward order
 //   class tensor_handle      a tensor of one flat_layout, resolved once: look-ups by index, not name
@@ -29,6 +31,7 @@
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/model/sharding.hpp"
 
 namespace trident {
 
@@ -99,6 +102,7 @@ class flat_layout {
     std::size_t used;         // elements of real tensors
     int first_layer, last_layer;  // the layers it covers, some of which may hold no tensors
     std::size_t shard_begin;  // where this rank's piece of it starts in the shard
+    sharding split;           // how it divides over the ranks: 1-D, {used} padded to `size`
   };
   struct placement {
     std::size_t offset;  // in the full flat buffer
@@ -144,15 +148,15 @@ class flat_layout {
     groups.push_back({0, last});
     std::reverse(groups.begin(), groups.end());  // memory order = forward order
 
-    const std::size_t quantum = static_cast<std::size_t>(ranks) * granule;
     std::size_t begin = 0, shard = 0;
     for (auto [first, end_layer] : groups) {
       std::size_t used = 0;
       for (int l = first; l <= end_layer; ++l) used += layer_size[static_cast<std::size_t>(l)];
-      const std::size_t size = (used + quantum - 1) / quantum * quantum;
-      buckets_.push_back({begin, size, used, first, end_layer, shard});
+      sharding split = sharding::split({used}, 0, ranks, granule);
+      const std::size_t size = split.padded_extent();
+      buckets_.push_back({begin, size, used, first, end_layer, shard, std::move(split)});
       begin += size;
-      shard += size / static_cast<std::size_t>(ranks);
+      shard += buckets_.back().split.part_extent();
     }
     full_size_ = begin;
     shard_size_ = shard;
@@ -218,7 +222,7 @@ class flat_layout {
     return names_[h.index_];
   }
   //! Elements of each rank's piece of bucket b.
-  std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].size / static_cast<std::size_t>(ranks_); }
+  std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].split.part_extent(); }
   //! Where rank r's piece of bucket b starts in the full flat buffer.
   std::size_t piece_begin(std::size_t b, int r) const noexcept {
     return buckets_[b].begin + static_cast<std::size_t>(r) * piece_size(b);
@@ -259,19 +263,19 @@ template <element_type T, memory_space Space = host_space>
 class sharded {
  public:
   sharded(std::size_t size, int rank, int ranks, mem_category category = mem_category::other)
-      : size_(size), rank_(rank), ranks_(ranks) {
-    TRIDENT_EXPECT(ranks >= 1 && rank >= 0 && rank < ranks, "sharded: rank ", rank, " is not in a group of ", ranks);
-    shard_size_ = (size + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-    shard_ = buffer<T, Space>(shard_size_, category);
+      : split_(checked_split(size, rank, ranks)), rank_(rank), ranks_(ranks) {
+    shard_ = buffer<T, Space>(split_.part_extent(), category);
     fill_zero(shard_);  // padding stays zero, so it never disturbs sums or norms
   }
 
-  std::size_t size() const noexcept { return size_; }
-  std::size_t padded_size() const noexcept { return shard_size_ * static_cast<std::size_t>(ranks_); }
-  std::size_t padding() const noexcept { return padded_size() - size_; }
-  std::size_t shard_size() const noexcept { return shard_size_; }
+  //! How the array is divided: model/sharding.hpp's rule, as everywhere else.
+  const sharding& split() const noexcept { return split_; }
+  std::size_t size() const noexcept { return split_.extent(); }
+  std::size_t padded_size() const noexcept { return split_.padded_extent(); }
+  std::size_t padding() const noexcept { return split_.padding(); }
+  std::size_t shard_size() const noexcept { return split_.part_extent(); }
   //! Index in the full array of this rank's first element.
-  std::size_t shard_begin() const noexcept { return shard_size_ * static_cast<std::size_t>(rank_); }
+  std::size_t shard_begin() const noexcept { return split_.part_extent() * static_cast<std::size_t>(rank_); }
   buffer<T, Space>& shard() noexcept { return shard_; }
   const buffer<T, Space>& shard() const noexcept { return shard_; }
 
@@ -294,12 +298,15 @@ class sharded {
     TRIDENT_EXPECT(comm.size() == ranks_ && comm.rank() == rank_, "sharded::", what, ": the communicator is rank ", comm.rank(),
                    " of ", comm.size(), " but the array was partitioned for rank ", rank_, " of ", ranks_);
     TRIDENT_EXPECT(full == padded_size(), "sharded::", what, ": the full buffer has ", full, " elements; expected the padded size ",
-                   padded_size(), " (", size_, " + ", padding(), " padding)");
+                   padded_size(), " (", size(), " + ", padding(), " padding)");
+  }
+  static sharding checked_split(std::size_t size, int rank, int ranks) {
+    TRIDENT_EXPECT(ranks >= 1 && rank >= 0 && rank < ranks, "sharded: rank ", rank, " is not in a group of ", ranks);
+    return sharding::split({size}, 0, ranks);
   }
 
-  std::size_t size_;
+  sharding split_;
   int rank_, ranks_;
-  std::size_t shard_size_ = 0;
   buffer<T, Space> shard_;
 };
 
