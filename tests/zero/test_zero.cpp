@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "trident/comm/local.hpp"
@@ -23,7 +24,7 @@ using zero_training::relative_difference;
 using zero_training::small_buckets;
 
 // Trains `steps` steps on n thread ranks; returns rank 0's full fp32 parameters.
-template <int Stage, class Opt, class Precision = trident::full_precision>
+template <auto Stage, class Opt, class Precision = trident::full_precision>
 std::vector<float> train(int n, Opt opt, int steps, zero::zero_options options = small_buckets()) {
   const mlp::dims d;
   auto result = local_world::run(n, [&](local_comm& comm) {
@@ -80,7 +81,23 @@ void check_equivalence(Opt opt, const char* name) {
     CHECK(s0 == s2);
     CHECK(s0 == s3);
   }
+  // A stage given as its policy type is the same optimizer as its number.
+  CHECK(train<zero::stage_2{}>(3, opt, 5) == train<2>(3, opt, 5));
+  CHECK(train<zero::stage_3{}>(2, opt, 5) == train<3>(2, opt, 5));
 }
+
+static_assert(std::is_same_v<zero::stage_policy_t<0>, zero::stage_0> && std::is_same_v<zero::stage_policy_t<3>, zero::stage_3>);
+static_assert(std::is_same_v<zero::stage_policy_t<zero::stage_1{}>, zero::stage_1>);
+static_assert(zero::zero_stage<zero::stage_2>);
+// A policy whose levels do not nest (gradients sharded, optimizer states not) is not a stage.
+struct not_nested {
+  static constexpr int number = 9;
+  static constexpr bool shards_optimizer_state = false;
+  static constexpr bool shards_gradients = true;
+  static constexpr bool shards_parameters = false;
+};
+static_assert(!zero::zero_stage<not_nested>);
+static_assert(!zero::zero_stage<int>);
 
 }  // namespace
 
@@ -130,6 +147,8 @@ void check_memory(int n) {
                                           ledger->bytes(space_kind::host, mem_category::optimizer_state));
     INFO("stage ", Stage, " rank ", comm.rank(), "/", n, "\n", ledger->report());
     CHECK(held == expected[Stage]);
+    // The policy's own formula says the same (2 + 2 bytes of bf16, 4 of master, 8 of AdamW state).
+    CHECK(held == psi * zero::stage_bytes<zero::stage_policy_t<Stage>>(2, 4, 8, n));
     if (comm.rank() == 0 && n == 4)
       std::printf("stage %d, %d ranks, %zu parameters (+%zu padding): %.0f bytes held = %.3f x padded params (ZeRO: %.3f); "
                   "peak communication buffers %zu bytes\n",

@@ -3,6 +3,10 @@
 // optimizer and a precision policy:
 //
 //   zero_optimizer<Stage, Opt, Comm, Precision = full_precision>
+//     Stage is a stage policy (parallel/data/stages/stage_N.hpp, concept zero_stage in
+//     parallel/data/stage.hpp) or its number: zero_optimizer<zero::stage_2{}, ...> is
+//     zero_optimizer<2, ...>. Every stage-dependent decision below reads the policy's
+//     shards_optimizer_state / shards_gradients / shards_parameters, not the number.
 //     Stage 0  gradients all-reduced; every rank keeps full parameters, gradients, states
 //     Stage 1  + optimizer states (and fp32 master weights) sharded; parameters all-gathered
 //              after the step
@@ -98,6 +102,7 @@
 #include "trident/optim/optimizers.hpp"
 #include "trident/model/flat_layout.hpp"
 #include "trident/precision/mixed_precision.hpp"
+#include "trident/parallel/data/stage.hpp"
 
 namespace trident::zero {
 
@@ -152,9 +157,13 @@ struct step_result {
   float loss_scale;     // the scale the next step uses
 };
 
-template <int Stage, class Opt, communicator Comm, class Precision = full_precision>
+template <auto Stage, class Opt, communicator Comm, class Precision = full_precision>
 class zero_optimizer {
-  static_assert(Stage >= 0 && Stage <= 3, "zero_optimizer<Stage, ...>: Stage must be 0, 1, 2 or 3 (the ZeRO stages)");
+  using policy = stage_policy_t<Stage>;
+  static_assert(zero_stage<policy>,
+                "zero_optimizer<Stage, ...>: Stage must be 0, 1, 2 or 3 or a policy modelling trident::zero::zero_stage: "
+                "number, shards_optimizer_state, shards_gradients, shards_parameters, each implying the one before "
+                "(parallel/data/stage.hpp)");
   // Said here in words, before any member uses Opt or Precision and fails deep inside.
   static_assert(optim::optimizer<Opt>,
                 "zero_optimizer<Stage, Opt, ...>: Opt must model trident::optim::optimizer: a nested `options` type, an "
@@ -171,7 +180,9 @@ class zero_optimizer {
   using space = typename Comm::space;
   using half_type = typename Precision::half_type;
   using scaler_type = typename Precision::scaler_type;
-  static constexpr int stage = Stage;
+  //! The stage's policy (parallel/data/stages/) and its number.
+  using stage_type = policy;
+  static constexpr int stage = policy::number;
   static constexpr bool has_master = Precision::has_master;
 
   zero_optimizer(Comm& dp, const model_spec& spec, Opt optimizer, zero_options options = {}, scaler_type scaler = {})
@@ -179,11 +190,11 @@ class zero_optimizer {
         layout_(spec, dp.size(), options_.bucket_bytes / sizeof(half_type), options_.first_bucket_bytes / sizeof(half_type)),
         rank_(dp.rank()) {
     const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
-    if constexpr (Stage < 3) working_ = zeroed<half_type>(full, mem_category::parameters);
+    if constexpr (!policy::shards_parameters) working_ = zeroed<half_type>(full, mem_category::parameters);
     else working_ = zeroed<half_type>(shard, mem_category::parameters);
-    if constexpr (has_master) master_ = zeroed<float>(Stage == 0 ? full : shard, mem_category::parameters);
-    grads_ = zeroed<half_type>(Stage < 2 ? full : shard, mem_category::gradients);
-    for (auto& s : states_) s = zeroed<float>(Stage == 0 ? full : shard, mem_category::optimizer_state);
+    if constexpr (has_master) master_ = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::parameters);
+    grads_ = zeroed<half_type>(!policy::shards_gradients ? full : shard, mem_category::gradients);
+    for (auto& s : states_) s = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::optimizer_state);
     // step()'s all-gather of every rank's report, charged to the ledger current now.
     reports_ = buffer<double, space>(report_fields * static_cast<std::size_t>(dp.size()), mem_category::communication);
     const std::size_t nb = layout_.buckets().size();
@@ -235,16 +246,16 @@ class zero_optimizer {
     TRIDENT_EXPECT(values.size() == p.numel, "set_parameter(", name, "): got ", values.size(), " values; expected ", p.numel);
     std::vector<half_type> halves(p.numel);
     for (std::size_t j = 0; j < p.numel; ++j) halves[j] = static_cast<half_type>(values[j]);
-    if constexpr (Stage < 3) upload(working_, p.offset, halves.data(), p.numel);
-    if constexpr (has_master && Stage == 0) upload(master_, p.offset, values.data(), p.numel);
+    if constexpr (!policy::shards_parameters) upload(working_, p.offset, halves.data(), p.numel);
+    if constexpr (has_master && !policy::shards_optimizer_state) upload(master_, p.offset, values.data(), p.numel);
     // The part of the tensor in this rank's piece of its bucket (a tensor never spans buckets).
     const std::size_t piece = layout_.piece_size(p.bucket);
     const std::size_t begin = layout_.piece_begin(p.bucket, rank_);
     const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, begin + piece);
     if (lo < hi) {
       const std::size_t local = layout_.buckets()[p.bucket].shard_begin + (lo - begin);
-      if constexpr (Stage == 3) upload(working_, local, halves.data() + (lo - p.offset), hi - lo);
-      if constexpr (has_master && Stage >= 1) upload(master_, local, values.data() + (lo - p.offset), hi - lo);
+      if constexpr (policy::shards_parameters) upload(working_, local, halves.data() + (lo - p.offset), hi - lo);
+      if constexpr (has_master && policy::shards_optimizer_state) upload(master_, local, values.data() + (lo - p.offset), hi - lo);
     }
     invalidate_gathered();
   }
@@ -260,7 +271,7 @@ class zero_optimizer {
 
   //! All parameters in fp32, in layout order (padding included): collective.
   std::vector<float> full_master() {
-    if constexpr (Stage == 0) {
+    if constexpr (!policy::shards_optimizer_state) {
       comm_->synchronize();
       return to_vector(master_or_working_buffer());
     } else {
@@ -268,7 +279,7 @@ class zero_optimizer {
       for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
         const auto& k = layout_.buckets()[b];
         const std::size_t piece = layout_.piece_size(b);
-        const std::size_t at = has_master || Stage == 3 ? k.shard_begin : layout_.piece_begin(b, rank_);
+        const std::size_t at = has_master || policy::shards_parameters ? k.shard_begin : layout_.piece_begin(b, rank_);
         buffer<float, space> whole(k.size, mem_category::other);
         comm_->all_gather(space_span<const float, space>(master_or_working_buffer().data() + at, piece), whole);
         comm_->synchronize();
@@ -283,7 +294,7 @@ class zero_optimizer {
   //! (and prefetches the next one); call release(layer) when the layer is done with them.
   space_span<const half_type, space> parameters(tensor_handle h) {
     const auto& p = layout_.at(h, "parameters");
-    if constexpr (Stage < 3) {
+    if constexpr (!policy::shards_parameters) {
       return {working_.data() + p.offset, p.numel};
     } else {
       const std::size_t b = p.bucket;
@@ -299,7 +310,7 @@ class zero_optimizer {
   //! gathered again for its next layer: choose bucket sizes near one layer for stage 3.
   void release(int layer) {
     const std::size_t b = layout_.bucket_of_layer(layer, "release");
-    if constexpr (Stage == 3) {
+    if constexpr (policy::shards_parameters) {
       if (layout_.layer_elements(layer) > 0 && !persistent(b)) drop_gathered(b);
     } else {
       (void)b;
@@ -318,7 +329,7 @@ class zero_optimizer {
         finish_reductions();
         break;
       }
-    if constexpr (Stage < 2) {
+    if constexpr (!policy::shards_gradients) {
       return {grads_.data() + p.offset, p.numel};
     } else {
       auto& g = live_bucket(p.bucket);
@@ -330,7 +341,7 @@ class zero_optimizer {
   //! Stages 0-1: whether this micro-batch's gradients are reduced (false for all but the last
   //! micro-batch of an accumulation: gradients then accumulate locally, as with DDP's no_sync).
   void set_gradient_sync(bool sync) {
-    TRIDENT_EXPECT(Stage < 2 || sync, "set_gradient_sync(false): stages 2 and 3 keep only a shard of the gradients, so "
+    TRIDENT_EXPECT(!policy::shards_gradients || sync, "set_gradient_sync(false): stages 2 and 3 keep only a shard of the gradients, so "
                    "they reduce every micro-batch");
     sync_ = sync;
   }
@@ -404,16 +415,16 @@ class zero_optimizer {
       ++step_count_;
       float multiplier = unscale;
       if (options_.max_grad_norm > 0) multiplier *= optim::clip_multiplier(norm, options_.max_grad_norm);
-      if constexpr (Stage == 0) {
+      if constexpr (!policy::shards_optimizer_state) {
         update(0, grads_.data(), 0, layout_.full_size(), multiplier, 0);
       } else {
         for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
           const auto& k = layout_.buckets()[b];
-          const std::size_t working_at = Stage < 3 ? layout_.piece_begin(b, rank_) : k.shard_begin;
+          const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
           update(has_master ? k.shard_begin : working_at, grad_piece(b), k.shard_begin, layout_.piece_size(b), multiplier,
                  working_at);
         }
-        if constexpr (Stage < 3) {
+        if constexpr (!policy::shards_parameters) {
           // Everyone's new parameters, bucket by bucket, in place.
           for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
             const auto& k = layout_.buckets()[b];
@@ -505,7 +516,7 @@ class zero_optimizer {
   }
   // This rank's piece of the reduced gradients of bucket b.
   half_type* grad_piece(std::size_t b) {
-    if constexpr (Stage < 2) return grads_.data() + layout_.piece_begin(b, rank_);
+    if constexpr (!policy::shards_gradients) return grads_.data() + layout_.piece_begin(b, rank_);
     else return grads_.data() + layout_.buckets()[b].shard_begin;
   }
 
@@ -538,7 +549,7 @@ class zero_optimizer {
       return detail::concat(head, " in this micro-batch; its ", describe_bucket(b), " still waits for layer ", missing,
                             ". Expected each layer once per micro-batch");
     }
-    if constexpr (Stage < 2) {
+    if constexpr (!policy::shards_gradients) {
       return detail::concat(head, ", and its ", describe_bucket(b), " reduced, since the last step(). Expected each layer once "
                             "per micro-batch, and stages 0-1 reduce a bucket once per step: call set_gradient_sync(false) "
                             "before every micro-batch but the last");
@@ -580,7 +591,7 @@ class zero_optimizer {
     // chunk). Checked mode reduces a private copy instead, so that the user's memory is neither
     // read by the communicator while a late write lands nor overwritten, and can be compared.
     half_type* user = nullptr;
-    if constexpr (Stage < 2) user = grads_.data() + k.begin;
+    if constexpr (!policy::shards_gradients) user = grads_.data() + k.begin;
     else user = live_bucket(b).data();
     buffer<half_type, space> copy;
     std::uint64_t print = 0;
@@ -592,7 +603,7 @@ class zero_optimizer {
       data = copy.data();
     }
     space_span<half_type, space> whole(data, k.size);
-    if constexpr (Stage < 2) {
+    if constexpr (!policy::shards_gradients) {
       pending_reduce_.push_back({b, std::move(copy), print, comm_->all_reduce_async(whole, op)});
     } else {
       const std::size_t piece = layout_.piece_size(b);
@@ -623,7 +634,7 @@ class zero_optimizer {
     const std::size_t b = p.bucket;
     const auto& k = layout_.buckets()[b];
     const bool checked = options_.check_usage;
-    if constexpr (Stage < 2) {
+    if constexpr (!policy::shards_gradients) {
       half_type* user = grads_.data() + k.begin;
       if (checked) {
         if (fingerprint(user, k.size) != p.fingerprint) note(misuse::written_after_ready, b);
@@ -656,7 +667,7 @@ class zero_optimizer {
   void check_gradients_untouched() {
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& k = layout_.buckets()[b];
-      if constexpr (Stage < 2) {
+      if constexpr (!policy::shards_gradients) {
         if (reduced_fingerprint_[b] && fingerprint(grads_.data() + k.begin, k.size) != *reduced_fingerprint_[b])
           note(misuse::written_after_ready, b);
       } else {
@@ -798,7 +809,7 @@ class zero_optimizer {
       if (code < 0)
         return detail::concat("nothing (rank ", r, " issued ", static_cast<std::size_t>(reports[r * report_fields + 2]), ")");
       const auto c = static_cast<std::uint64_t>(code);
-      return detail::concat(c % 2 ? "the all-gather of " : (Stage < 2 ? "the all-reduce of " : "the reduce-scatter of "),
+      return detail::concat(c % 2 ? "the all-gather of " : (!policy::shards_gradients ? "the all-reduce of " : "the reduce-scatter of "),
                             describe_bucket(static_cast<std::size_t>(c / 2)));
     };
     for (std::size_t i = 0; i < len; ++i)
@@ -819,7 +830,7 @@ class zero_optimizer {
   bool persistent(std::size_t b) const { return layout_.buckets()[b].used < options_.persistence_threshold; }
 
   void start_gather(std::size_t b) {
-    if constexpr (Stage == 3) {
+    if constexpr (policy::shards_parameters) {
       if (is_gathered_[b]) return;  // gathered, or being gathered
       const auto& k = layout_.buckets()[b];
       const std::size_t piece = layout_.piece_size(b);
@@ -861,7 +872,7 @@ class zero_optimizer {
     else gathered_[b] = buffer<half_type, space>();
   }
   void invalidate_gathered() {
-    if constexpr (Stage == 3)
+    if constexpr (policy::shards_parameters)
       for (std::size_t b = 0; b < gathered_.size(); ++b)
         if (is_gathered_[b]) drop_gathered(b);
   }
