@@ -151,6 +151,24 @@ TEST_CASE("zero misuse: zero_options out of range is a usage_error at constructi
   });
 }
 
+TEST_CASE("zero misuse: bad hyperparameters are a usage_error at construction on every rank, naming the value") {
+  local_world::run(2, [](local_comm& comm) {
+    const auto spec = three_layers();
+    optim::sgd bad_lr = sgd();
+    bad_lr.opt.lr = std::numeric_limits<float>::quiet_NaN();
+    const std::string expected = "zero_optimizer on rank " + std::to_string(comm.rank()) + " (step 1): sgd: lr = nan is out of range";
+    CHECK_THROWS_WITH_AS((zero::zero_optimizer<2, optim::sgd, local_comm>(comm, spec, bad_lr)), doctest::Contains(expected.c_str()),
+                         trident::usage_error);
+    bad_lr.opt.lr = -0.1f;
+    CHECK_THROWS_WITH_AS((zero::zero_optimizer<0, optim::sgd, local_comm>(comm, spec, bad_lr)),
+                         doctest::Contains("lr = -0.1 is out of range"), trident::usage_error);
+    optim::adamw bad_beta;
+    bad_beta.opt.beta2 = 1.0f;
+    CHECK_THROWS_WITH_AS((zero::zero_optimizer<3, optim::adamw, local_comm>(comm, spec, bad_beta)),
+                         doctest::Contains("beta2 = 1 is out of range; expected a finite value in [0, 1)"), trident::usage_error);
+  });
+}
+
 TEST_CASE("zero misuse: grad_ready twice inside a bucket of several layers; stages 0-1 reducing a bucket twice in a step") {
   for_each_stage([](auto stage) {
     INFO("stage ", stage.value);

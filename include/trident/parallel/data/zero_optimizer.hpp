@@ -53,6 +53,9 @@
 //     wrong data. Discovering it at each gather would cost a collective (and a host wait on GPUs)
 //     per gather.
 //   - zero_options out of range (NaN or negative max_grad_norm, buckets smaller than one element).
+//   - the optimizer's hyperparameters out of torch.optim's ranges (a NaN or negative lr, a beta
+//     of 1): at construction, and at the start of every step() for the lr a schedule gives it,
+//     before the loss scaler, the step count or any parameter changes.
 // A rank that alone makes a mistake throws alone; on the thread backend that aborts the world,
 // so its peers throw a trident::error naming it instead of waiting (comm/local.hpp); MPI ends
 // the job, NCCL's peers time out. What can be checked collectively is checked in step().
@@ -189,6 +192,7 @@ class zero_optimizer {
       : comm_(&dp), opt_(std::move(optimizer)), options_(validated(std::move(options))), scaler_(scaler),
         layout_(spec, dp.size(), options_.bucket_bytes / sizeof(half_type), options_.first_bucket_bytes / sizeof(half_type)),
         rank_(dp.rank()) {
+    check_hyperparameters(1, "zero_optimizer");
     const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
     if constexpr (!policy::shards_parameters) working_ = zeroed<half_type>(full, mem_category::parameters);
     else working_ = zeroed<half_type>(shard, mem_category::parameters);
@@ -379,6 +383,7 @@ class zero_optimizer {
   //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
   //! rank's shard and all-gathers the result. Every layer must have been marked ready.
   step_result step() {
+    check_hyperparameters(step_count_ + 1, "step");
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& k = layout_.buckets()[b];
       if (!launched_[b] && waiting_[b] != with_tensors_[b])
@@ -502,6 +507,20 @@ class zero_optimizer {
     buffer<T, space> b(n, c);
     fill_zero(b);
     return b;
+  }
+
+  // Bad hyperparameters (a NaN or negative lr, betas out of range) are a usage_error on every
+  // rank at construction and at the start of step(), before the scaler, the step count or any
+  // parameter changes; a schedule's lr is checked for the step about to be taken. Optimizers
+  // without visit_update check in their own step().
+  void check_hyperparameters(std::int64_t t, const char* call) const {
+    if constexpr (optim::elementwise_optimizer<Opt>) {
+      try {
+        opt_.visit_update(t, [](const auto&) {});
+      } catch (const usage_error& e) {
+        throw usage_error(detail::concat(call, " on rank ", rank_, " (step ", t, "): ", e.message()), e.operation(), e.where());
+      }
+    }
   }
 
   template <class T>
