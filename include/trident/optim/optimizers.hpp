@@ -31,14 +31,19 @@
 // float once, the element-wise arithmetic is float, each operation rounded as the PyTorch
 // kernels round it. The same element functions run on the host and in the CUDA kernels
 // (optim/cuda/step.cuh), where every operation is an explicitly rounded intrinsic (no FMA
-// contraction), so host and device agree bitwise unless the host compiler contracts into FMA
-// (it does not on x86-64 without -mfma) — within an ulp or two otherwise.
+// contraction), so host and device agree bitwise (NaN payloads aside). On x86-64 the host step
+// runs AVX-512 or AVX2 code chosen at run time (optim/host_simd.hpp), compiled without FMA
+// contraction whatever the flags; the portable tiles below, which run elsewhere, agree bitwise
+// unless the compiler contracts them into FMA (g++ does in GNU mode with -mfma or -march=native)
+// — within an ulp or two then.
 //
-// The host step works in tiles of 1024 elements (fixed-length loops that g++ -O2 vectorises)
-// and, above 2^18 elements, on up to hardware_concurrency threads of the program's thread_pool
-// (exec/thread_pool.hpp) over contiguous ranges. Each
-// element's arithmetic is the same whatever the split, so results are bitwise identical for any
-// thread count or call chunking.
+// The host step splits the elements, above 2^18 of them, over up to hardware_concurrency
+// threads of the program's thread_pool (exec/thread_pool.hpp) in contiguous ranges. Each range
+// is one fused pass (every array read and written once per element) on the AVX-512 / AVX2 path
+// when the CPU has it (__builtin_cpu_supports, asked once), else tiles of 1024 elements
+// (fixed-length loops that g++ -O2 vectorises at SSE width). Each element's arithmetic is the
+// same whatever the split and the path, so results are bitwise identical for any thread count,
+// call chunking or CPU.
 //
 // Opting in (concept optimizer): a type O with
 //   typename O::options; an `opt` member of that type;
@@ -65,6 +70,7 @@
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
 #include "trident/exec/thread_pool.hpp"
+#include "trident/optim/host_simd.hpp"
 
 // The tiles' square roots: std::sqrt may set errno, which keeps g++ from vectorising it (and
 // no per-function option lifts that in a header), so the full tiles take the SIMD square root,
@@ -361,7 +367,13 @@ void update_tile(const Update& u, float* TRIDENT_DETAIL_RESTRICT p, const float*
 template <class Update, class Grad, class Working>
 void host_step(const Update& u, float* params, const Grad* grads, float* s0, float* s1, Working* working, std::size_t n,
                float multiplier) {
+  const host_isa isa = active_host_isa();
   parallel_ranges(n, tile_size, [&](std::size_t begin, std::size_t end) {
+    // AVX-512 / AVX2 when the CPU has them: one fused pass over the range (host_simd.hpp).
+    if (simd_range(isa, u, params + begin, grads + begin, Update::states >= 1 ? s0 + begin : nullptr,
+                   Update::states >= 2 ? s1 + begin : nullptr, working != nullptr ? working + begin : nullptr,
+                   end - begin, multiplier))
+      return;
     alignas(64) float g[tile_size];
     alignas(64) float unused[tile_size];  // stands for the states an update does not have; never touched
     for (std::size_t at = begin; at < end; at += tile_size) {
