@@ -2,9 +2,10 @@
 # scripts/gpu_check.sh — everything that needs a GPU, in one command (under 10 minutes on one
 # H100): builds for the GPU it finds, runs every CUDA and NCCL test (NCCL with 2 and 4 ranks
 # sharing the one GPU over NCCL's socket transport, see ../shared/GPU.md), runs the GPU
-# benchmarks (fused AdamW against the device's copy bandwidth and against PyTorch, the NCCL
-# wrapper against raw NCCL), and prints one summary table. Logs go to $OUT/gpu_check when $OUT is
-# set (the device tool brings that folder back), else to build/gpu/logs.
+# benchmarks (fused AdamW against the device's copy bandwidth and against PyTorch, gradient
+# statistics against CUB's DeviceReduce, the NCCL wrapper against raw NCCL), and prints one
+# summary table. Logs go to $OUT/gpu_check when $OUT is set (the device tool brings that folder
+# back), else to build/gpu/logs.
 #
 #   bash scripts/gpu_check.sh            # exits non-zero when any step failed
 #   TRIDENT_GPU_CHECK_BUILD_ONLY=1 bash scripts/gpu_check.sh   # no GPU needed: configure + build
@@ -78,6 +79,8 @@ done
 # ---- benchmarks: ours against the device's ceilings and against PyTorch, in the same run ------
 [[ -x $build/bench/bench_adamw_cuda ]] && step "bench fused AdamW vs copy" "grep -iE 'adamw|copy' | tail -3" -- \
   "$build/bench/bench_adamw_cuda"
+[[ -x $build/bench/bench_grad_stats_cuda ]] && step "bench grad stats: ours vs CUB" "grep -E 'ours / cub'" -- \
+  "$build/bench/bench_grad_stats_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench torch AdamW(fused)" "tail -1" -- python3 "$root/bench/adamw_torch.py"
 else
