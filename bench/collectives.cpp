@@ -27,7 +27,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "trident/comm/host_reduce.hpp"
 #include "trident/comm/local.hpp"
@@ -328,12 +331,12 @@ template <class C>
 void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_name) {
   const int n = comm.size();
   if (comm.rank() == 0) {
-    std::printf("# backend %s, %d ranks, %s, %s, %d iterations after %d warm-up\n", o.backend.c_str(), n,
-                trident::name_of(o.coll).data(), trident::name_of(o.type).data(), o.iters, o.warmup);
-    std::printf("#%11s %12s %8s %6s %5s %10s %8s %8s %6s", "size(B)", "count", "type", "redop", "root", "time(us)",
-                "algbw", "busbw", "#wrong");
-    if (raw) std::printf(" %12s %8s %8s", (std::string(raw_name) + "(us)").c_str(), "busbw", "ratio");
-    std::printf("\n");
+    fmt::print("# backend {}, {} ranks, {}, {}, {} iterations after {} warm-up\n", o.backend, n, trident::name_of(o.coll),
+               trident::name_of(o.type), o.iters, o.warmup);
+    fmt::print("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>6}", "size(B)", "count", "type", "redop", "root",
+               "time(us)", "algbw", "busbw", "#wrong");
+    if (raw) fmt::print(" {:>12} {:>8} {:>8}", fmt::format("{}(us)", raw_name), "busbw", "ratio");
+    fmt::print("\n");
   }
   for (double bytes = static_cast<double>(o.min_bytes); bytes <= static_cast<double>(o.max_bytes) * 1.0000001; bytes *= o.factor) {
     const std::size_t count = elements_for(o, static_cast<std::size_t>(bytes), n);
@@ -371,10 +374,11 @@ void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_n
       const double busbw = algbw * bus_factor(o.coll, n);
       const bool reduces = o.coll == collective::all_reduce || o.coll == collective::reduce_scatter || o.coll == collective::reduce;
       if (comm.rank() == 0) {
-        std::printf("%12zu %12zu %8s %6s %5d %10.1f %8.2f %8.2f %6lld", count * sizeof(T), count, trident::name_of(o.type).data(),
-                    reduces ? trident::name_of(o.op).data() : "none", o.root, t, algbw, busbw, wrong);
-        if (raw) std::printf(" %12.1f %8.2f %8.3f", raw_t, size / raw_t / 1e3 * bus_factor(o.coll, n), t / raw_t);
-        std::printf("\n");
+        fmt::print("{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1f} {:>8.2f} {:>8.2f} {:>6}", count * sizeof(T), count,
+                   trident::name_of(o.type), reduces ? trident::name_of(o.op) : std::string_view("none"), o.root, t, algbw,
+                   busbw, wrong);
+        if (raw) fmt::print(" {:>12.1f} {:>8.2f} {:>8.3f}", raw_t, size / raw_t / 1e3 * bus_factor(o.coll, n), t / raw_t);
+        fmt::print("\n");
       }
     });
   }
@@ -400,8 +404,8 @@ int main(int argc, char** argv) {
     const options o = parse(argc, argv);
     if (o.backend == "local") {
       const double copy = memcpy_bandwidth_gbs(std::size_t{64} << 20);
-      std::printf("# single-thread memcpy of 64 MiB: %.2f GB/s copied (%.2f GB/s read + written); half of it: %.2f GB/s\n", copy,
-                  2 * copy, copy / 2);
+      fmt::print("# single-thread memcpy of 64 MiB: {:.2f} GB/s copied ({:.2f} GB/s read + written); half of it: {:.2f} GB/s\n",
+                 copy, 2 * copy, copy / 2);
       trident::local_world::run(o.ranks, [&](trident::local_comm& comm) { run_sizes(comm, o, nullptr, ""); });
       return 0;
     }
