@@ -472,6 +472,25 @@ void bad_input(C& comm) {
   CHECK_THROWS_AS(comm.recv(four, -2), trident::usage_error);
   CHECK_THROWS_AS(comm.send(four, comm.rank()), trident::usage_error);
   CHECK_THROWS_WITH_AS((void)comm.split(-3, 0), doctest::Contains("colour"), trident::usage_error);
+  // reduce_scatter into its own input anywhere but this rank's chunk: the other chunks would be
+  // read after being written (on 2 ranks, rank 1 receiving at the start of its own input gave
+  // every element wrong on threads and the right answer on MPI). The front-end refuses it on every
+  // backend, before anything is sent: every rank errs here, so nobody waits.
+  if (n > 1) {
+    const std::size_t chunk = 3;
+    const auto me = static_cast<std::size_t>(comm.rank());
+    const std::string what = "reduce_scatter on rank " + std::to_string(me) + ": send and receive buffers overlap";
+    trident::buffer<float, S> whole(chunk * static_cast<std::size_t>(n));
+    const std::size_t next = (me + 1) % static_cast<std::size_t>(n);
+    auto into = [&](std::size_t first) { return trident::space_span<float, S>(whole.data() + first, chunk); };
+    CHECK_THROWS_WITH_AS(comm.reduce_scatter(whole, into(next * chunk)), doctest::Contains(what.c_str()), trident::usage_error);
+    CHECK_THROWS_WITH_AS((void)comm.reduce_scatter_async(whole, into(next * chunk)), doctest::Contains(what.c_str()),
+                         trident::usage_error);
+    // The start of the input (the same pointer, but not this rank's chunk); rank 0, whose chunk
+    // starts there, receives one element further instead (straddling its chunk and the next).
+    CHECK_THROWS_WITH_AS(comm.reduce_scatter(whole, into(me == 0 ? 1 : 0), reduce_op::max), doctest::Contains(what.c_str()),
+                         trident::usage_error);
+  }
   // Still usable.
   auto ok = upload<C>(std::vector<float>(3, 1.0f));
   comm.all_reduce(ok);
