@@ -536,6 +536,19 @@ void average_without_overflow(C& comm) {
       for (T v : got)
         if (!(std::fabs(static_cast<float>(v) - big) <= 1e-2f * big)) ++bad;
       CHECK(bad == 0);
+      for (int root : {0, n - 1}) {
+        CAPTURE(root);
+        auto mine = upload<C>(std::vector<T>(count, static_cast<T>(big)));
+        trident::buffer<T, typename C::space> at_root(comm.rank() == root ? count : 0);
+        comm.reduce(mine, at_root, root, reduce_op::avg);
+        if (comm.rank() != root) continue;
+        got = download(comm, at_root);
+        bad = 0;
+        for (T v : got)
+          if (!(std::fabs(static_cast<float>(v) - big) <= 1e-2f * big)) ++bad;
+        CHECK(got.size() == count);
+        CHECK(bad == 0);
+      }
     }
   };
   check_type(trident::fp16{});
@@ -543,26 +556,76 @@ void average_without_overflow(C& comm) {
 }
 
 //! max and min propagate NaN: whichever rank holds it, every rank gets NaN in that element, and
-//! the other elements are unaffected. float32, float64, fp16 and bf16; one-step and ring sizes.
+//! the other elements are unaffected. float32, float64, fp16 and bf16; one-step and ring sizes;
+//! all_reduce, reduce_scatter (each chunk's NaN from another rank) and reduce (to roots 0 and n-1).
 template <class C>
 void nan_propagates(C& comm) {
   const int n = comm.size();
+  const int me = comm.rank();
+  // Rank r's element i is r + i % 3: max is n - 1 + i % 3, min is i % 3.
+  auto want = [&](reduce_op op, std::size_t i) { return static_cast<float>((op == reduce_op::max ? n - 1 : 0) + static_cast<int>(i % 3)); };
+  auto values = [&](std::size_t count) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(me) + static_cast<float>(i % 3);
+    return v;
+  };
+  // Counts the elements of `got` (global indices first, first + 1, ...) that are wrong: NaN
+  // exactly where `is_nan(i)`, the reference elsewhere.
+  auto wrong = [&](const auto& got, std::size_t first, reduce_op op, auto is_nan) {
+    std::size_t bad = 0;
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      const float v = static_cast<float>(got[k]);
+      if (is_nan(first + k) ? !std::isnan(v) : v != want(op, first + k)) ++bad;
+    }
+    return bad;
+  };
   auto check_type = [&](auto tag) {
     using T = decltype(tag);
+    auto upload_values = [&](const std::vector<float>& v) {
+      std::vector<T> host(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) host[i] = static_cast<T>(v[i]);
+      return upload<C>(host);
+    };
     for (std::size_t count : {std::size_t{6}, std::size_t{3000}})
       for (int holder = 0; holder < n; ++holder)
         for (reduce_op op : {reduce_op::max, reduce_op::min}) {
-          INFO("rank ", comm.rank(), "/", n, " ", std::string(type_name<T>()), " ", std::string(trident::name_of(op)),
-               " count ", count, " NaN on rank ", holder);
-          std::vector<T> host(count);
-          for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<T>(static_cast<float>(comm.rank()) + static_cast<float>(i % 3));
-          if (comm.rank() == holder) host[1] = static_cast<T>(std::nanf(""));
-          auto x = upload<C>(host);
-          comm.all_reduce(x, op);
-          const auto got = download(comm, x);
-          CHECK(std::isnan(static_cast<double>(static_cast<float>(got[1]))));
-          const float want0 = op == reduce_op::max ? static_cast<float>(n - 1) : 0.0f;
-          CHECK(static_cast<float>(got[0]) == want0);
+          INFO("rank ", me, "/", n, " ", std::string(type_name<T>()), " ", std::string(trident::name_of(op)), " count ", count,
+               " NaN on rank ", holder);
+          {
+            auto host = values(count);
+            if (me == holder) host[1] = std::nanf("");
+            auto x = upload_values(host);
+            comm.all_reduce(x, op);
+            const auto got = download(comm, x);
+            INFO("all_reduce");
+            CHECK(wrong(got, 0, op, [](std::size_t i) { return i == 1; }) == 0);
+          }
+          {
+            // Chunk k's NaN (its element 1) comes from rank (k + holder) % n: each rank's result
+            // takes its NaN from another rank, and every rank holds one.
+            const std::size_t chunk = count == 6 ? 3 : 1031;  // 1031: above the one-step limit
+            auto host = values(chunk * static_cast<std::size_t>(n));
+            for (int k = 0; k < n; ++k)
+              if ((k + holder) % n == me) host[static_cast<std::size_t>(k) * chunk + 1] = std::nanf("");
+            auto in = upload_values(host);
+            trident::buffer<T, typename C::space> out(chunk);
+            comm.reduce_scatter(in, out, op);
+            const auto got = download(comm, out);
+            INFO("reduce_scatter, chunk ", chunk);
+            CHECK(wrong(got, static_cast<std::size_t>(me) * chunk, op, [&](std::size_t i) { return i % chunk == 1; }) == 0);
+          }
+          for (int root : {0, n - 1}) {
+            auto host = values(count);
+            if (me == holder) host[1] = std::nanf("");
+            auto in = upload_values(host);
+            trident::buffer<T, typename C::space> out(me == root ? count : 0);
+            comm.reduce(in, out, root, op);
+            if (me != root) continue;
+            const auto got = download(comm, out);
+            INFO("reduce to root ", root);
+            CHECK(got.size() == count);
+            CHECK(wrong(got, 0, op, [](std::size_t i) { return i == 1; }) == 0);
+          }
         }
   };
   check_type(float{});
