@@ -8,6 +8,15 @@ trident_add_test(zero.flat_layout SOURCES zero/test_flat_layout.cpp LABELS zero)
 # Bad input (issue 17): a clear usage_error on every rank, never a crash, hang or silent corruption.
 trident_add_test(zero.misuse SOURCES zero/test_zero_misuse.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
 target_include_directories(test_zero_misuse PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+# The misuse and random suites again under ThreadSanitizer (see comm/local.cmake): their errors
+# cross ranks through aborts, asynchronous requests and destructors that wait.
+set(trident_zero_tsan FALSE)
+if(TRIDENT_TSAN_TESTS AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  set(trident_zero_tsan TRUE)
+  trident_add_tsan_test(zero.misuse_tsan SOURCES zero/test_zero_misuse.cpp LIBRARIES Threads::Threads LABELS zero local tsan
+                        TIMEOUT 600)
+  target_include_directories(test_zero_misuse_tsan PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+endif()
 if(TARGET trident::mpi)
   trident_add_test(zero.mpi SOURCES zero/test_zero_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4 LABELS zero mpi)
   target_include_directories(test_zero_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
@@ -22,3 +31,8 @@ endif()
 # Random models and call sequences (issue 17): TRIDENT_RANDOM_EPISODES / TRIDENT_RANDOM_SEED for longer runs.
 trident_add_test(zero.random SOURCES zero/test_zero_random.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
 target_include_directories(test_zero_random PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+if(trident_zero_tsan)
+  trident_add_tsan_test(zero.random_tsan SOURCES zero/test_zero_random.cpp LIBRARIES Threads::Threads LABELS zero local tsan
+                        TIMEOUT 600)
+  target_include_directories(test_zero_random_tsan PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+endif()
