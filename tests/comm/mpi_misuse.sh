@@ -6,6 +6,12 @@
 #   mismatch           a barrier against an all_reduce: the watchdog ends it (TRIDENT_MPI_TIMEOUT=3)
 #   mismatch-checked   the same with TRIDENT_CHECK_COLLECTIVES: a usage_error on both ranks, exit 0
 #   symmetric-error    both ranks catch the same error and go on: a normal exit, no abort
+#   dropped-async      rank 1 drops a failed exchange_async unwaited and leaves while rank 0 waits
+#                      in an all_reduce: the dropped error counts at exit, so rank 1 ends the job
+#                      naming the call (TRIDENT_MPI_EXIT_TIMEOUT=2)
+#   huge-count         an all_reduce of 8 against 8M elements, unchecked: the job ends within the
+#                      watchdog's timeout (TRIDENT_MPI_TIMEOUT=3) naming all_reduce; memory may be
+#                      corrupted first (Open MPI 4.1 aborts rank 0 in malloc), as docs/ARCHITECTURE.md says
 #   mpi_misuse.sh MPIEXEC WORKER
 set -uo pipefail
 mpiexec=$1 worker=$2
@@ -46,6 +52,20 @@ run symmetric-error
 [[ $status -eq 0 ]] || fail "expected a normal exit, got $status"
 [[ $(grep -c "done, x\[0\] = 2" <<<"$output") -eq 2 ]] || fail "expected both ranks to go on"
 grep -qF "MPI_Abort" <<<"$output" && fail "the job was aborted"
+
+run dropped-async TRIDENT_MPI_EXIT_TIMEOUT=2 TRIDENT_MPI_TIMEOUT=30
+[[ $status -ne 0 && $status -ne 124 ]] || fail "expected the job to be ended (non-zero, not the 120 s timeout), got $status"
+((seconds < 20)) || fail "took ${seconds}s"
+expect "rank 1 leaves after an error (exchange (send/recv))"
+expect "ended with MPI_Abort"
+grep -qF "the all_reduce returned" <<<"$output" && fail "rank 0's all_reduce returned"
+
+run huge-count TRIDENT_MPI_EXIT_TIMEOUT=2 TRIDENT_MPI_TIMEOUT=3
+[[ $status -ne 0 && $status -ne 124 ]] || fail "expected the job to end with an error, got $status"
+((seconds < 30)) || fail "took ${seconds}s"
+grep -qE "waited [0-9]+ ms in all_reduce|caught: .*all_reduce|leaves after an error \(all_reduce\)" <<<"$output" ||
+  fail "nothing names the all_reduce"
+grep -qF "mismatched all_reduce returned" <<<"$output" && fail "a mismatched all_reduce returned"
 
 echo "$failures failure(s)"
 exit $((failures != 0))

@@ -1,8 +1,10 @@
 // A small MPI program that misuses the communicator on purpose, for tests/comm/mpi_misuse.sh:
 // each mode must end (the job ended with a message, or an error on every rank), never hang.
-//   mpi_misuse_worker leave-after-error | mismatch | mismatch-checked | symmetric-error
+//   mpi_misuse_worker leave-after-error | mismatch | mismatch-checked | symmetric-error |
+//                     dropped-async | huge-count
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,33 @@ int main(int argc, char** argv) {
     }
     comm.all_reduce(x);
     std::printf("rank %d: done, x[0] = %g\n", comm.rank(), static_cast<double>(x[0]));
+  } else if (mode == "dropped-async") {
+    // Rank 1 receives rank 0's 1000 floats into 10 (MPI truncates: an error) asynchronously and
+    // drops the request without wait(): its destructor cannot throw, so the error is not raised,
+    // but the rank counts as failed at exit. Rank 0 then waits for rank 1 in an all_reduce that
+    // rank 1 never joins: rank 1's exit must end the job, naming the dropped call.
+    using op = trident::p2p_op<trident::host_space>;
+    if (comm.rank() == 0) {
+      comm.exchange({op::send(x, 1)});
+      comm.all_reduce(x);
+      std::printf("rank 0: the all_reduce returned (it must not)\n");
+    } else {
+      std::vector<float> small(10);
+      auto dropped = comm.exchange_async({op::recv(small, 0)});
+    }
+  } else if (mode == "huge-count") {
+    // Rank 0 all-reduces 8 elements, rank 1 8M, without TRIDENT_CHECK_COLLECTIVES: nothing
+    // compares the counts, so MPI may fail or write past rank 0's buffer (Open MPI 4.1 does: its
+    // malloc aborts rank 0) while rank 1 waits for data that never comes. The job must still
+    // end, by an error, the exit protocol or the watchdog, never hang.
+    std::vector<float> data(comm.rank() == 0 ? 8 : 8'000'000, 1.0f);
+    try {
+      comm.all_reduce(data);
+      std::printf("rank %d: the mismatched all_reduce returned (it must not), data[0] = %g\n", comm.rank(),
+                  static_cast<double>(data[0]));
+    } catch (const std::exception& e) {
+      std::printf("rank %d caught: %s\n", comm.rank(), e.what());
+    }
   } else {
     std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
     return 2;
