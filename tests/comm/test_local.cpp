@@ -310,6 +310,47 @@ TEST_CASE("local: the error of an asynchronous operation dropped without wait() 
                        doctest::Contains("element count"), trident::usage_error);
 }
 
+// An all-gather against a reduce-scatter (ZeRO stage 3 prefetching in another order on one
+// rank): the operations queued behind it must not be matched by position with the peers' (here
+// two equal-sized all-reduces of different data would pass), so every rank fails them too, and
+// after the error reaches the caller the ranks are matched again.
+TEST_CASE("local: after an asynchronous collective disagrees, what each rank queued behind it fails too, and the ranks go on matched") {
+  for (int n : {2, 3})
+    for (bool wait_each : {true, false}) {
+      CAPTURE(n);
+      CAPTURE(wait_each);
+      local_world::run(n, [&](local_comm& comm) {
+        const bool odd = comm.rank() == 1;
+        std::vector<float> in(4 * static_cast<std::size_t>(comm.size()), 1.0f), chunk(4), gathered(in.size());
+        std::vector<float> a(6, float(comm.rank() + 1)), b(6, 10.0f * float(comm.rank() + 1));
+        auto first = odd ? comm.all_gather_async(std::span<const float>(chunk), std::span<float>(gathered))
+                         : comm.reduce_scatter_async(std::span<const float>(in), std::span<float>(chunk));
+        auto second = comm.all_reduce_async(odd ? b : a);  // rank 1's b would meet the others' a
+        auto third = comm.all_reduce_async(odd ? a : b);
+        if (wait_each) {
+          CHECK_THROWS_WITH_AS(first.wait(), doctest::Contains("at the same point"), trident::usage_error);
+          CHECK_THROWS_WITH_AS(second.wait(), doctest::Contains("was not run"), trident::usage_error);
+          CHECK_THROWS_WITH_AS(third.wait(), doctest::Contains("was not run"), trident::usage_error);
+        } else {
+          // A synchronous call raises it, and what was queued before it still fails.
+          CHECK_THROWS_WITH_AS(comm.synchronize(), doctest::Contains("synchronize on rank"), trident::usage_error);
+          CHECK_THROWS_WITH_AS(third.wait(), doctest::Contains("at the same point"), trident::usage_error);
+          CHECK_THROWS_AS(first.wait(), trident::usage_error);
+          CHECK_THROWS_AS(second.wait(), trident::usage_error);
+        }
+        CHECK(a == std::vector<float>(6, float(comm.rank() + 1)));  // untouched: nothing was matched wrongly
+        CHECK(b == std::vector<float>(6, 10.0f * float(comm.rank() + 1)));
+        // Matched again, synchronously and asynchronously.
+        const float total = float(comm.size() * (comm.size() + 1) / 2);
+        comm.all_reduce(a);
+        CHECK(a == std::vector<float>(6, total));
+        comm.all_reduce_async(b).wait();
+        CHECK(b == std::vector<float>(6, 10.0f * total));
+        comm.barrier();
+      });
+    }
+}
+
 TEST_CASE("local: each rank's ledger holds what that rank allocated, asynchronous scratch included") {
   std::vector<std::shared_ptr<trident::memory_ledger>> ledgers(2);
   const auto process_before = trident::process_ledger()->bytes(trident::space_kind::host);

@@ -25,6 +25,19 @@
 // rethrows the original exception. A wait longer than the timeout aborts the world the same
 // way, naming the operation and the rank it waited for.
 //
+// Disagreement in asynchronous work. Ranks whose descriptors disagree all throw the usage_error
+// at the same sequence number, and a synchronous caller sees it at once. An asynchronous one
+// sees it only when it waits, and meanwhile its worker would go on matching what it queued
+// behind the failed operation with whatever the peers queued, by position: an all-gather and a
+// reduce-scatter of the same bytes would then pass unnoticed and carry one bucket's data into
+// another. So, on every rank alike (every rank reaches the verdict at the same operation), what
+// was started before the caller learnt of the failure fails too, without taking part: a
+// usage_error "... was not run", quoting the disagreement. The caller learns of it when a wait()
+// rethrows an error, or when a synchronous call or synchronize() raises it (they drain the
+// worker first, so where it surfaces is deterministic); operations started after that run
+// normally, and every rank has then taken part in the same operations, so the communicator can
+// go on.
+//
 // Waiting. A rank that waits for a peer spins for a few microseconds (a peer one step behind
 // usually catches up that fast), then sleeps on a futex word of the peer's slot that the peer
 // bumps after each progress it publishes, so a sleeping rank is woken the moment it can go on.
@@ -276,11 +289,14 @@ class local_comm : public collectives<local_comm, host_space> {
 
   void execute(const collective_call& call) {
     drain();
+    raise_deferred();
+    raise_disagreement(name_of(call.kind));
     run_collective(call);
   }
   void execute(std::span<const p2p_op<host_space>> ops) {
     drain();
     raise_deferred();
+    raise_disagreement("exchange");
     run_p2p(ops);
   }
   request start(const collective_call& call);
@@ -289,16 +305,19 @@ class local_comm : public collectives<local_comm, host_space> {
   void barrier() {
     drain();
     raise_deferred();
+    raise_disagreement("barrier");
     detail::local_descriptor d;
     d.kind = static_cast<int>(detail::local_kind::barrier);
     const auto seq = post(d);
     finish(seq);
   }
   //! Waits for this rank's outstanding asynchronous operations; raises the error of one whose
-  //! request was dropped without wait().
+  //! request was dropped without wait(), and the disagreement of one not waited for yet (see
+  //! the top of this header).
   void synchronize() {
     drain();
     raise_deferred();
+    raise_disagreement("synchronize");
   }
   //! The ledger this rank's allocations are charged to: the one current on the rank's thread
   //! when the communicator was made (local_world::run gives each rank its own). Scratch that
@@ -310,6 +329,7 @@ class local_comm : public collectives<local_comm, host_space> {
   local_comm split(int color, int key) {
     drain();
     raise_deferred();
+    raise_disagreement("split");
     detail::local_descriptor d;
     d.kind = static_cast<int>(detail::local_kind::split);
     d.color = color;
@@ -441,6 +461,7 @@ class local_comm : public collectives<local_comm, host_space> {
         const std::string_view theirs = o.kind < 100 ? name_of(static_cast<collective>(o.kind))
                                           : (o.kind == static_cast<int>(detail::local_kind::barrier) ? "barrier" : "split");
         finish(seq);
+        disagreed_ = true;
         throw usage_error(detail::concat(what, " #", seq, ": rank ", p, " called ", theirs, " at the same point; all ranks must "
                                  "call the same collectives in the same order"));
       }
@@ -456,6 +477,7 @@ class local_comm : public collectives<local_comm, host_space> {
         mismatch = detail::concat("root: rank ", p, " names ", o.call.root, ", rank ", rank_, " names ", d.call.root);
       if (!mismatch.empty()) {
         finish(seq);
+        disagreed_ = true;
         throw usage_error(detail::concat(what, " #", seq, ": ranks disagree on the ", mismatch));
       }
     }
@@ -732,7 +754,7 @@ class local_comm : public collectives<local_comm, host_space> {
 
   // ---- the asynchronous worker ------------------------------------------------------------
   template <class Work>
-  request start_work(Work work);
+  request start_work(std::string_view what, Work work);
 
   struct worker_state {
     std::mutex mutex;
@@ -791,11 +813,49 @@ class local_comm : public collectives<local_comm, host_space> {
     worker_.reset();
   }
 
-  // The first error of an asynchronous operation whose request was dropped without wait():
-  // raised by this rank's next operation (or synchronize(), which run() calls at the end).
+  // What the asynchronous operations' failures leave for the caller, shared with the requests.
+  //  - error: the first error of an operation whose request was dropped without wait(), raised
+  //    by this rank's next operation (or synchronize(), which run() calls at the end).
+  //  - disagreement: the message of the last asynchronous collective whose descriptors
+  //    disagreed (post()). It fails every operation started up to the moment an error next
+  //    reaches the caller: `epoch` moves on each time one does (a wait() that rethrows,
+  //    raise_deferred, raise_disagreement), and operations started in an epoch up to
+  //    `disagreement_epoch` fail, even those that still wait on the worker after the caller
+  //    knows; later ones run (see the top of this header).
   struct deferred_error {
     std::mutex mutex;
     std::exception_ptr error;
+    std::string disagreement;  // empty: none
+    std::uint64_t disagreement_epoch = 0;
+    bool unobserved = false;  // no error has reached the caller since the disagreement
+    std::uint64_t epoch = 0;
+
+    std::uint64_t current_epoch() {
+      std::lock_guard lock(mutex);
+      return epoch;
+    }
+    // The disagreement that fails an operation started in epoch `started`, if any.
+    std::string disagreement_for(std::uint64_t started) {
+      std::lock_guard lock(mutex);
+      return !disagreement.empty() && started <= disagreement_epoch ? disagreement : std::string();
+    }
+    // The disagreement that a synchronous call must raise: one the caller has not heard of.
+    std::string unobserved_disagreement() {
+      std::lock_guard lock(mutex);
+      return unobserved ? disagreement : std::string();
+    }
+    void disagree(std::string why) {
+      std::lock_guard lock(mutex);
+      disagreement = std::move(why);
+      disagreement_epoch = epoch;
+      unobserved = true;
+    }
+    // An error reached the caller: operations started from now on run.
+    void observed() {
+      std::lock_guard lock(mutex);
+      ++epoch;
+      unobserved = false;
+    }
   };
   void raise_deferred() {
     if (!deferred_) return;
@@ -804,7 +864,28 @@ class local_comm : public collectives<local_comm, host_space> {
       std::lock_guard lock(deferred_->mutex);
       e = std::exchange(deferred_->error, nullptr);
     }
-    if (e) std::rethrow_exception(e);
+    if (e) {
+      deferred_->observed();
+      std::rethrow_exception(e);
+    }
+  }
+  // A synchronous call (after drain()) while an asynchronous collective's disagreement has not
+  // reached the caller: the call would be matched with a peer's operation of another position.
+  void raise_disagreement(std::string_view what) {
+    if (!deferred_) return;
+    const std::string why = deferred_->unobserved_disagreement();
+    if (why.empty()) return;
+    deferred_->observed();
+    throw usage_error(detail::concat(what, " on rank ", rank_, " was not run: an asynchronous operation started before it on "
+                                     "this rank failed because the ranks disagree (", why, "), and nothing has waited for "
+                                     "that failure yet; what was started after it failed too, so that the ranks' operations "
+                                     "stay matched"));
+  }
+  // An operation started in an epoch that a disagreement fails.
+  usage_error not_run(std::string_view what, const std::string& why) const {
+    return usage_error(detail::concat(what, " (asynchronous) on rank ", rank_, " was not run: an operation this rank started "
+                                      "before it failed because the ranks disagree (", why, "); what a rank started before "
+                                      "such a failure reached it fails too, so that the ranks stay matched"));
   }
 
   std::shared_ptr<detail::local_group> group_;
@@ -813,6 +894,7 @@ class local_comm : public collectives<local_comm, host_space> {
   buffer<std::byte> scratch_;
   buffer<std::byte> prescaled_;  // fp16/bf16 avg: this rank's input scaled by 1/n
   std::shared_ptr<deferred_error> deferred_ = std::make_shared<deferred_error>();
+  bool disagreed_ = false;  // post() found the descriptors disagree (read by the worker's task)
   std::shared_ptr<memory_ledger> ledger_ = current_ledger();  // charged by the worker thread too
   std::unique_ptr<worker_state> worker_;
 };
@@ -837,7 +919,10 @@ class local_comm::request {
     auto s = std::move(state_);
     std::unique_lock lock(s->mutex);
     s->cv.wait(lock, [&] { return s->done; });
-    if (s->failure) std::rethrow_exception(s->failure);
+    if (s->failure) {
+      if (s->deferred) s->deferred->observed();  // what the caller starts from now on runs
+      std::rethrow_exception(s->failure);
+    }
   }
   bool test() {
     if (!state_) return true;
@@ -877,21 +962,35 @@ class local_comm::request {
 };
 
 template <class Work>
-local_comm::request local_comm::start_work(Work work) {
+local_comm::request local_comm::start_work(std::string_view what, Work work) {
   raise_deferred();
   request r;
   r.state_ = std::make_shared<request::state>();
   r.state_->deferred = deferred_;
   r.state_->world = group_->world;
   r.state_->world_rank = world_rank();
+  // Failed without taking part if an operation before it disagrees before the caller learns of
+  // an error (see the top of this header).
+  const std::uint64_t epoch = deferred_->current_epoch();
   // The worker charges what the operation allocates to the ledger current where it was started.
-  enqueue([work = std::move(work), s = r.state_, ledger = current_ledger()] {
+  enqueue([this, what, epoch, work = std::move(work), s = r.state_, ledger = current_ledger()] {
     std::exception_ptr failure;
     try {
+      disagreed_ = false;  // set by this work's post() only
       scoped_ledger use{ledger};
+      if (const std::string why = deferred_->disagreement_for(epoch); !why.empty()) throw not_run(what, why);
       work();
     } catch (...) {
       failure = std::current_exception();  // delivered by request::wait()
+      if (std::exchange(disagreed_, false)) {
+        try {
+          throw;
+        } catch (const error& e) {
+          deferred_->disagree(std::string(e.message()));
+        } catch (...) {
+          deferred_->disagree("the ranks' descriptors differ");
+        }
+      }
     }
     std::lock_guard lock(s->mutex);
     s->failure = failure;
@@ -902,11 +1001,11 @@ local_comm::request local_comm::start_work(Work work) {
 }
 
 inline local_comm::request local_comm::start(const collective_call& call) {
-  return start_work([this, call] { run_collective(call); });
+  return start_work(name_of(call.kind), [this, call] { run_collective(call); });
 }
 
 inline local_comm::request local_comm::start(std::span<const p2p_op<host_space>> ops) {
-  return start_work([this, copy = std::vector<p2p_op<host_space>>(ops.begin(), ops.end())] { run_p2p(copy); });
+  return start_work("exchange", [this, copy = std::vector<p2p_op<host_space>>(ops.begin(), ops.end())] { run_p2p(copy); });
 }
 
 //! Runs fn(local_comm&) on n threads, one rank each, and waits for all of them. If fn returns
