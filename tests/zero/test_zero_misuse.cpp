@@ -204,6 +204,18 @@ TEST_CASE("zero misuse: ranks that touch layers in different orders get a usage_
     });
 }
 
+TEST_CASE("zero misuse: stage 3 with prefetch, ranks in different orders: an all-gather meets a reduce-scatter, and every rank "
+          "still gets the usage_error naming both buckets, within seconds, and goes on") {
+  for (int n : {2, 3}) {
+    INFO(n, " ranks");
+    trident::local_options options;
+    options.timeout = std::chrono::seconds(60);  // a rank left waiting would fail the test, not stall it
+    const auto start = std::chrono::steady_clock::now();
+    local_world::run(n, [](local_comm& c) { misuse_suite::different_orders<3>(c, true); }, options);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  }
+}
+
 TEST_CASE("zero checked mode: gradients written after grad_ready are a usage_error at step() on every rank, naming rank and bucket") {
   for (bool old_span : {true, false})
     for_each_stage([&](auto stage) {

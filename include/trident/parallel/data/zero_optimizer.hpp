@@ -51,7 +51,15 @@
 //     same usage_error naming the first position and both buckets. It is caught at the next
 //     step(), before any update: that micro-batch's forward and backward already ran on the
 //     wrong data. Discovering it at each gather would cost a collective (and a host wait on GPUs)
-//     per gather.
+//     per gather. When the collectives differ in kind or size (stage 3 with prefetch: a rank's
+//     prefetch follows its own order, so it gathers where another reduce-scatters), the
+//     communicator may refuse them first: the thread backend at the wait (it fails what each
+//     rank queued behind, so the ranks stay matched), MPI with TRIDENT_CHECK_COLLECTIVES at the
+//     start. The call that meets the refusal (parameters, release, gradients, grad_ready,
+//     finish, step, zero_grad) then waits for what is in flight, exchanges the sequences (error
+//     path only) and throws the same message, prefixed with the call and rank, on every rank.
+//     MPI without the check cannot tell: an all-gather against a reduce-scatter is undefined
+//     there (garbage, or a hang until the watchdog); if it completes, step() names it.
 //   - zero_options out of range (NaN or negative max_grad_norm, buckets smaller than one element).
 //   - the optimizer's hyperparameters out of torch.optim's ranges (a NaN or negative lr, a beta
 //     of 1): at construction, and at the start of every step() for the lr a schedule gives it,
@@ -302,8 +310,10 @@ class zero_optimizer {
       return {working_.data() + p.offset, p.numel};
     } else {
       const std::size_t b = p.bucket;
-      gather(b);
-      prefetch_after(b);
+      guarded("parameters", [&] {
+        gather(b);
+        prefetch_after(b);
+      });
       return {gathered_[b].data() + (p.offset - layout_.buckets()[b].begin), p.numel};
     }
   }
@@ -315,7 +325,7 @@ class zero_optimizer {
   void release(int layer) {
     const std::size_t b = layout_.bucket_of_layer(layer, "release");
     if constexpr (policy::shards_parameters) {
-      if (layout_.layer_elements(layer) > 0 && !persistent(b)) drop_gathered(b);
+      if (layout_.layer_elements(layer) > 0 && !persistent(b)) guarded("release", [&] { drop_gathered(b); });
     } else {
       (void)b;
     }
@@ -330,7 +340,7 @@ class zero_optimizer {
     // A new micro-batch must not write into gradients that are still being reduced.
     for (const auto& q : pending_reduce_)
       if (q.bucket == p.bucket) {
-        finish_reductions();
+        guarded("gradients", [&] { finish_reductions(); });
         break;
       }
     if constexpr (!policy::shards_gradients) {
@@ -368,7 +378,7 @@ class zero_optimizer {
     // The layers stay marked until the reduction finishes (stages 2-3) or the step (stages 0-1).
     launched_[b] = true;
     synced_[b] = true;
-    launch_reduction(b);
+    guarded("grad_ready", [&] { launch_reduction(b); });
   }
 
   //! Waits for every reduction and gather in flight, rethrowing the first failure; what it had
@@ -376,8 +386,10 @@ class zero_optimizer {
   //! itself. Call it before an optimizer with communication in flight is destroyed (e.g. after
   //! an exception between grad_ready() and step()) to see such failures as exceptions.
   void finish() {
-    finish_reductions();
-    for (std::size_t b = 0; b < pending_gather_.size(); ++b) wait_gather(b);
+    guarded("finish", [&] {
+      finish_reductions();
+      for (std::size_t b = 0; b < pending_gather_.size(); ++b) wait_gather(b);
+    });
   }
 
   //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
@@ -393,7 +405,7 @@ class zero_optimizer {
       TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", k.first_layer, "..", k.last_layer, " were not reduced: every layer must be "
                      "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
     }
-    finish_reductions();
+    guarded("step", [&] { finish_reductions(); });
     check_gradients_untouched();
 
     // Overflow and norm over this rank's pieces; then every rank's report, in one all-gather.
@@ -405,7 +417,7 @@ class zero_optimizer {
       sum_squares += st.sum_squares;
       finite = finite && st.finite;
     }
-    const auto reports = exchange_reports(sum_squares, finite);
+    const auto reports = guarded("step", [&] { return exchange_reports(sum_squares, finite); });
     check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
     double norm_squared = 0;
     bool overflow = false;
@@ -442,12 +454,13 @@ class zero_optimizer {
       invalidate_gathered();
     }
     zero_grad();
+    last_gathered_.reset();  // each step's prefetching follows that step's order alone
     return {applied, norm, static_cast<float>(scaler_.scale())};
   }
 
   //! Clears the gradients, after waiting for reductions in flight (step() does this itself).
   void zero_grad() {
-    finish_reductions();  // they write into the buffers cleared here
+    guarded("zero_grad", [&] { finish_reductions(); });  // they write into the buffers cleared here
     fill_zero(grads_);
     for (std::size_t b = 0; b < bucket_grads_.size(); ++b) {
       auto& g = bucket_grads_[b];
@@ -623,11 +636,13 @@ class zero_optimizer {
     }
     space_span<half_type, space> whole(data, k.size);
     if constexpr (!policy::shards_gradients) {
-      pending_reduce_.push_back({b, std::move(copy), print, comm_->all_reduce_async(whole, op)});
+      auto request = bucket_collective(b, false, true, [&] { return comm_->all_reduce_async(whole, op); });
+      pending_reduce_.push_back({b, std::move(copy), print, std::move(request)});
     } else {
       const std::size_t piece = layout_.piece_size(b);
       space_span<half_type, space> mine(data + static_cast<std::size_t>(rank_) * piece, piece);
-      pending_reduce_.push_back({b, std::move(copy), print, comm_->reduce_scatter_async(whole, mine, op)});
+      auto request = bucket_collective(b, false, true, [&] { return comm_->reduce_scatter_async(whole, mine, op); });
+      pending_reduce_.push_back({b, std::move(copy), print, std::move(request)});
     }
     record(b, false);
   }
@@ -639,8 +654,10 @@ class zero_optimizer {
     try {
       for (; done < pending_reduce_.size(); ++done) {
         auto& p = pending_reduce_[done];
-        p.request.wait();
-        complete_reduction(p);
+        bucket_collective(p.bucket, false, false, [&] {
+          p.request.wait();
+          complete_reduction(p);  // synchronizes with the communicator
+        });
       }
     } catch (...) {
       pending_reduce_.erase(pending_reduce_.begin(), pending_reduce_.begin() + static_cast<std::ptrdiff_t>(done + 1));
@@ -769,8 +786,10 @@ class zero_optimizer {
                                         static_cast<double>(problem_ ? problem_->bucket : 0)};
     const std::size_t at = static_cast<std::size_t>(rank_) * report_fields;
     upload(reports_, at, mine, report_fields);
-    comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
-    comm_->synchronize();
+    bucket_collective(no_bucket, false, false, [&] {
+      comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
+      comm_->synchronize();
+    });
     return to_vector(reports_);
   }
 
@@ -795,7 +814,8 @@ class zero_optimizer {
           "again before step(). Nothing was applied"));
     }
     for (std::size_t r = 1; r < n; ++r)
-      if (field(r, 2) != field(0, 2) || field(r, 3) != field(0, 3)) throw_order_mismatch(reports);
+      if (field(r, 2) != field(0, 2) || field(r, 3) != field(0, 3))
+        throw_order_mismatch(reports, "step", "so data of one bucket went into another");
     collectives_ = 0;
     digest_ = fnv_basis;
     sequence_.clear();
@@ -804,6 +824,7 @@ class zero_optimizer {
   void discard_step() {
     zero_grad();
     invalidate_gathered();  // stage 3: a bucket gathered out of order may hold another bucket's values
+    last_gathered_.reset();
     collectives_ = 0;
     digest_ = fnv_basis;
     sequence_.clear();
@@ -811,7 +832,8 @@ class zero_optimizer {
 
   // The ranks' bucket collectives differ: exchange the recorded sequences (error path only) and
   // name the first position where they part.
-  [[noreturn]] void throw_order_mismatch(const std::vector<double>& reports) {
+  // `head` starts the message (the call), `consequence` says what the mismatch did.
+  [[noreturn]] void throw_order_mismatch(const std::vector<double>& reports, const std::string& head, const std::string& consequence) {
     const std::size_t n = static_cast<std::size_t>(comm_->size());
     std::size_t longest = 0;
     for (std::size_t r = 0; r < n; ++r) longest = std::max(longest, static_cast<std::size_t>(reports[r * report_fields + 2]));
@@ -835,13 +857,139 @@ class zero_optimizer {
       for (std::size_t r = 1; r < n; ++r)
         if (seq[r * len + i] != seq[i])
           throw usage_error(detail::concat(
-              "step: the ranks issued their bucket collectives in different orders, and collectives are matched by "
+              head, ": the ranks issued their bucket collectives in different orders, and collectives are matched by "
               "position, not by bucket: since the last step, collective ", i + 1, " was ", what(0, seq[i]), " on rank 0 but ",
-              what(r, seq[r * len + i]), " on rank ", r, ", so data of one bucket went into another. Expected every rank to "
-              "touch its layers (parameters() in stage 3, grad_ready()) in the same order. Nothing was applied"));
-    throw usage_error(detail::concat("step: the ranks issued their bucket collectives in different orders (beyond the first ",
+              what(r, seq[r * len + i]), " on rank ", r, ", ", consequence, ". Expected every rank to touch its layers "
+              "(parameters() in stage 3, grad_ready()) in the same order", prefetch_note(), ". Nothing was applied"));
+    throw usage_error(detail::concat(head, ": the ranks issued their bucket collectives in different orders (beyond the first ",
                                      recorded_collectives, " since the last step), and collectives are matched by position, "
-                                     "not by bucket. Expected every rank to touch its layers in the same order. Nothing was "
+                                     "not by bucket (", consequence, "). Expected every rank to touch its layers in the same "
+                                     "order", prefetch_note(), ". Nothing was applied"));
+  }
+
+  std::string prefetch_note() const {
+    if (!policy::shards_parameters || !options_.prefetch) return {};
+    return " (with prefetch, parameters() also gathers the bucket after it in the direction of travel, so the order of "
+           "the parameters() calls decides which buckets are gathered)";
+  }
+
+  // ---- ranks out of step: a bucket collective the communicator refused -----------------------
+  //
+  // When ranks issue different bucket collectives at one position, the communicator may see it
+  // before step() does: an all-gather against a reduce-scatter (stage 3 with prefetch), or
+  // buckets of different sizes. The thread backend and MPI's argument check raise a usage_error
+  // on every rank then (the thread backend fails what each rank queued behind it, too, so the
+  // ranks stay matched: comm/local.hpp). Every rank turns it into the message step() would
+  // give: it waits for what it has in flight, exchanges the sequences of bucket collectives
+  // (two all-gathers, on this error path only) and names the first position where they part,
+  // with both buckets. The exchange is matched because every rank stopped at the same
+  // collective; a rank reaches it from whichever call waited for (or started) the refused
+  // collective.
+
+  static constexpr std::size_t no_bucket = static_cast<std::size_t>(-1);
+  struct refusal {
+    std::string message;  // the communicator's
+    std::size_t bucket;   // no_bucket: step()'s exchange of reports
+    bool gather;
+  };
+
+  // Runs one communicator call for a bucket collective: start (`starting`: recorded even when
+  // refused, so that the ranks' sequences show it), wait, or step()'s report exchange.
+  template <class F>
+  decltype(auto) bucket_collective(std::size_t b, bool gather, bool starting, F&& f) {
+    try {
+      return f();
+    } catch (const usage_error& e) {
+      if (!refused_) {
+        refused_ = refusal{e.message(), b, gather};
+        if (starting) record(b, gather);
+      }
+      throw;
+    }
+  }
+
+  // The public calls that reach the communicator: the outermost one turns a refusal into the
+  // ranks' common message.
+  template <class F>
+  decltype(auto) guarded(const char* call, F&& f) {
+    if (call_) return f();
+    call_ = call;
+    try {
+      if constexpr (std::is_void_v<decltype(f())>) {
+        f();
+        call_ = nullptr;
+      } else {
+        decltype(auto) result = f();
+        call_ = nullptr;
+        return result;
+      }
+    } catch (const usage_error&) {
+      call_ = nullptr;
+      if (refused_) out_of_step(call);
+      throw;
+    } catch (...) {
+      call_ = nullptr;
+      throw;
+    }
+  }
+
+  [[noreturn]] void out_of_step(const char* call) {
+    const refusal r = std::move(*refused_);
+    // Calls made here neither recover again nor leave a refusal behind.
+    struct scope {
+      zero_optimizer& z;
+      ~scope() {
+        z.refused_.reset();
+        z.call_ = nullptr;
+      }
+    } restore{*this};
+    refused_.reset();
+    call_ = call;
+    // What is in flight: on the thread backend, what was queued after the refused collective
+    // fails at once without taking part; elsewhere it was started (and matched) before it.
+    for (auto& p : pending_reduce_) {
+      try {
+        p.request.wait();
+      } catch (...) {
+      }
+    }
+    pending_reduce_.clear();
+    for (auto& g : pending_gather_) {
+      if (!g) continue;
+      try {
+        g->wait();
+      } catch (...) {
+      }
+      g.reset();
+    }
+    try {
+      comm_->synchronize();  // the thread backend: a refusal nothing has waited for
+    } catch (...) {
+    }
+    const std::string head = detail::concat(call, " on rank ", rank_);
+    const std::string refused =
+        r.bucket == no_bucket
+            ? detail::concat("the communicator refused step()'s exchange of reports (", r.message, ")")
+            : detail::concat("the communicator refused ", r.gather ? "the all-gather of " : (!policy::shards_gradients ? "the all-reduce of " : "the reduce-scatter of "),
+                             describe_bucket(r.bucket), " (", r.message, ")");
+    std::vector<double> reports;
+    try {
+      reports = exchange_reports(0.0, true);
+    } catch (const error& e) {
+      discard_step();
+      throw usage_error(detail::concat(head, ": ", refused, ", and the ranks could not compare their bucket collectives (",
+                                       e.message(), "). Expected every rank to issue the same collectives in the same order, "
+                                       "touching its layers (parameters() in stage 3, grad_ready()) in the same order",
+                                       prefetch_note(), ". Nothing was applied"));
+    }
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    for (std::size_t q = 1; q < n; ++q)
+      if (reports[q * report_fields + 2] != reports[2] || reports[q * report_fields + 3] != reports[3])
+        throw_order_mismatch(reports, head, "so the communicator met collectives that do not match (here: " + r.message + ")");
+    discard_step();
+    throw usage_error(detail::concat(head, ": ", refused, ", although the ranks issued the same bucket collectives since the "
+                                     "last step: another collective on this communicator must have come between them on some "
+                                     "rank. Expected every rank to issue the same collectives in the same order. Nothing was "
                                      "applied"));
   }
 
@@ -858,7 +1006,9 @@ class zero_optimizer {
       if (gathered_[b].size() == 0) gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
       detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
-      pending_gather_[b].emplace(comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]));
+      pending_gather_[b].emplace(bucket_collective(b, true, true, [&] {
+        return comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]);
+      }));
       is_gathered_[b] = true;
       record(b, true);
     } else {
@@ -869,7 +1019,7 @@ class zero_optimizer {
     if (!pending_gather_[b]) return;
     auto r = std::move(*pending_gather_[b]);
     pending_gather_[b].reset();
-    r.wait();
+    bucket_collective(b, true, false, [&] { r.wait(); });
   }
   void gather(std::size_t b) {
     start_gather(b);
@@ -947,7 +1097,10 @@ class zero_optimizer {
   std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
   std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
   std::vector<std::optional<request_type>> pending_gather_;
-  std::optional<std::size_t> last_gathered_;
+  std::optional<std::size_t> last_gathered_;  // this step's last gathered bucket: the direction of prefetching
+
+  std::optional<refusal> refused_;  // the first bucket collective the communicator refused (see out_of_step)
+  const char* call_ = nullptr;      // the public call in progress (guarded)
 
   // Checked mode: fingerprints of gradients that nobody may change any more.
   std::vector<std::optional<std::uint64_t>> stale_fingerprint_;    // stages 2-3: a finished bucket's kept buffer
