@@ -67,6 +67,20 @@ TEST_CASE("zero over MPI: misuse is the same usage_error on every rank, before a
   misuse_suite::stale_parameters_read_nan(comm);
 }
 
+// Stage 3 with prefetch, one rank in another order: an all-gather meets a reduce-scatter. MPI
+// cannot tell without its argument check (undefined: garbage or a hang until the watchdog), so
+// the check is on here; it refuses the pair at the start, on every rank, and the optimizer turns
+// that into the order usage_error naming both buckets, and goes on.
+TEST_CASE("zero over MPI: stage 3 with prefetch, ranks in different orders, argument check on: the usage_error naming both buckets") {
+  auto& comm = test_support::mpi_world();
+  struct restore {
+    trident::mpi_comm& c;
+    ~restore() { c.check_arguments(false); }
+  } off{comm};
+  comm.check_arguments(true);
+  misuse_suite::different_orders<3>(comm, true);
+}
+
 TEST_CASE("zero over MPI: layers without tensors train like one rank on the global batch") {
   auto& comm = test_support::mpi_world();
   for (const auto& m : misuse_suite::empty_layer_models())
