@@ -9,6 +9,8 @@
 #   dropped-async      rank 1 drops a failed exchange_async unwaited and leaves while rank 0 waits
 #                      in an all_reduce: the dropped error counts at exit, so rank 1 ends the job
 #                      naming the call (TRIDENT_MPI_EXIT_TIMEOUT=2)
+#   dropped-async-all-finish  the same dropped request, then both ranks meet and return: nobody
+#                      hangs, but the error never raised ends the job non-zero, naming the call
 #   huge-count         an all_reduce of 8 against 8M elements, unchecked: the job ends within the
 #                      watchdog's timeout (TRIDENT_MPI_TIMEOUT=3) naming all_reduce; memory may be
 #                      corrupted first (Open MPI 4.1 aborts rank 0 in malloc), as docs/ARCHITECTURE.md says
@@ -59,6 +61,12 @@ run dropped-async TRIDENT_MPI_EXIT_TIMEOUT=2 TRIDENT_MPI_TIMEOUT=30
 expect "rank 1 leaves after an error (exchange (send/recv))"
 expect "ended with MPI_Abort"
 grep -qF "the all_reduce returned" <<<"$output" && fail "rank 0's all_reduce returned"
+
+run dropped-async-all-finish TRIDENT_MPI_EXIT_TIMEOUT=2 TRIDENT_MPI_TIMEOUT=30
+[[ $status -ne 0 && $status -ne 124 ]] || fail "expected the job to fail (non-zero, not the 120 s timeout), got $status"
+((seconds < 20)) || fail "took ${seconds}s"
+[[ $(grep -c "reached the end" <<<"$output") -eq 2 ]] || fail "expected both ranks to reach the end"
+expect "rank 1: an asynchronous operation (exchange (send/recv)) failed and its request was destroyed without wait()"
 
 run huge-count TRIDENT_MPI_EXIT_TIMEOUT=2 TRIDENT_MPI_TIMEOUT=3
 [[ $status -ne 0 && $status -ne 124 ]] || fail "expected the job to end with an error, got $status"

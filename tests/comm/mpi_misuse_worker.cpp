@@ -1,7 +1,7 @@
 // A small MPI program that misuses the communicator on purpose, for tests/comm/mpi_misuse.sh:
 // each mode must end (the job ended with a message, or an error on every rank), never hang.
 //   mpi_misuse_worker leave-after-error | mismatch | mismatch-checked | symmetric-error |
-//                     dropped-async | huge-count
+//                     dropped-async | dropped-async-all-finish | huge-count
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -69,6 +69,18 @@ int main(int argc, char** argv) {
       std::vector<float> small(10);
       auto dropped = comm.exchange_async({op::recv(small, 0)});
     }
+  } else if (mode == "dropped-async-all-finish") {
+    // The same dropped request, but both ranks then meet in a barrier and leave normally:
+    // nobody hangs, and the error that was never raised must still fail the job.
+    using op = trident::p2p_op<trident::host_space>;
+    if (comm.rank() == 0) {
+      comm.exchange({op::send(x, 1)});
+    } else {
+      std::vector<float> small(10);
+      auto dropped = comm.exchange_async({op::recv(small, 0)});
+    }
+    comm.barrier();
+    std::printf("rank %d: reached the end\n", comm.rank());
   } else if (mode == "huge-count") {
     // Rank 0 all-reduces 8 elements, rank 1 8M, without TRIDENT_CHECK_COLLECTIVES: nothing
     // compares the counts, so MPI may fail or write past rank 0's buffer (Open MPI 4.1 does: its

@@ -88,6 +88,9 @@ inline std::chrono::milliseconds mpi_seconds_from_environment(const char* name, 
 struct mpi_exit_state {
   std::atomic<bool> failed{false};
   std::atomic<const char*> last_failure{nullptr};
+  // A failure nobody was told of: a request that failed and was destroyed without wait().
+  std::atomic<bool> lost{false};
+  std::atomic<const char*> lost_failure{nullptr};
   static mpi_exit_state& instance() noexcept {
     static mpi_exit_state state;
     return state;
@@ -210,7 +213,9 @@ class mpi_deadline {
 //! collective it abandoned, and MPI_Finalize would wait for them for good. So every rank first
 //! meets the others in a non-blocking barrier: a healthy job passes it at once and finalises; a
 //! rank that saw a failure waits for it at most TRIDENT_MPI_EXIT_TIMEOUT seconds (default 10)
-//! and otherwise ends the job with MPI_Abort, saying why, so the peers do not hang.
+//! and otherwise ends the job with MPI_Abort, saying why, so the peers do not hang. A failure
+//! that was never raised (a failed request destroyed without wait()) ends the job with
+//! MPI_Abort even when every rank reached the end, saying which call failed.
 class mpi_environment {
  public:
   mpi_environment() : mpi_environment(nullptr, nullptr) {}
@@ -235,6 +240,20 @@ class mpi_environment {
                    "%lld s; they may be waiting for it in a collective, so the job is ended with MPI_Abort instead of "
                    "hanging in MPI_Finalize (TRIDENT_MPI_EXIT_TIMEOUT sets the wait)\n",
                    rank, why ? why : "an exception", static_cast<long long>(exit_timeout_.count() / 1000));
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (state.lost.load()) {
+      // Every rank got here, so nobody hangs; but an error that was never raised must not let
+      // the job pass for a success.
+      int rank = -1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      const char* why = state.lost_failure.load();
+      std::fprintf(stderr,
+                   "trident: rank %d: an asynchronous operation (%s) failed and its request was destroyed without "
+                   "wait(), so its error was never raised; the job is ended with MPI_Abort so that it does not pass "
+                   "for a success (call wait() on every request to handle such errors)\n",
+                   rank, why ? why : "unknown");
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -565,8 +584,11 @@ class mpi_request {
     } catch (...) {
       // A destructor must not throw, and the error was the caller's to collect with wait(); it
       // is not forgotten either: the job counts as failed at exit (see mpi_environment).
-      detail::mpi_exit_state::instance().last_failure.store(what_);
-      detail::mpi_exit_state::instance().failed.store(true);
+      auto& state = detail::mpi_exit_state::instance();
+      state.last_failure.store(what_);
+      state.lost_failure.store(what_);
+      state.failed.store(true);
+      state.lost.store(true);
     }
   }
 
