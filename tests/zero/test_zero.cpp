@@ -301,3 +301,50 @@ TEST_CASE("zero: gradient accumulation over micro-batches equals one step on the
     CHECK(relative_difference(train_accumulated<3>(n, 2), whole) <= 1e-5);
   }
 }
+
+TEST_CASE("zero: stage 3 releases per layer: a bucket of two layers stays gathered until both are released") {
+  local_world::run(2, [](local_comm& comm) {
+    trident::model_spec spec;
+    spec.add("a", {16}, 0).add("b", {16}, 1).add("c", {16}, 2);
+    zero::zero_options options;
+    options.bucket_bytes = 1 << 20;
+    options.first_bucket_bytes = 16 * sizeof(float);  // layer 2 alone; layers 0 and 1 share a bucket
+    options.persistence_threshold = 0;
+    options.prefetch = false;
+    options.check_usage = true;  // released buckets are poisoned with NaN: what this test looks at
+    zero::zero_optimizer<3, optim::sgd, local_comm> z(comm, spec, optim::sgd{}, options);
+    REQUIRE(z.layout().bucket_of_layer(0) == z.layout().bucket_of_layer(1));
+    REQUIRE(z.layout().bucket_of_layer(1) != z.layout().bucket_of_layer(2));
+    for (const char* name : {"a", "b", "c"}) z.set_parameter(name, std::vector<float>(16, 0.5f));
+    auto finite = [](auto span) {
+      for (std::size_t i = 0; i < span.size(); ++i)
+        if (!std::isfinite(static_cast<float>(span.data()[i]))) return false;
+      return true;
+    };
+    auto nan = [](auto span) {
+      for (std::size_t i = 0; i < span.size(); ++i)
+        if (!std::isnan(static_cast<float>(span.data()[i]))) return false;
+      return true;
+    };
+    auto a = z.parameters("a");
+    auto b = z.parameters("b");
+    CHECK(b.data() == a.data() + 16);  // one gathered bucket
+    z.release(0);
+    CHECK(finite(a));  // layer 1 still needs the bucket
+    CHECK(finite(b));
+    z.release(0);      // again: nothing more
+    CHECK(finite(b));
+    z.release(2);      // a layer whose bucket is not gathered: nothing
+    CHECK(finite(a));
+    z.release(1);      // the last layer of the bucket: now it goes
+    CHECK(nan(a));
+    CHECK(nan(b));
+    // Gathered again, the count starts over.
+    auto again = z.parameters("b");
+    CHECK(finite(again));
+    z.release(1);
+    CHECK(finite(again));
+    z.release(0);
+    CHECK(nan(again));
+  });
+}

@@ -34,7 +34,8 @@
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
 //
 // What the spans are valid for. parameters(): stages 0-2 for the optimizer's life; stage 3 until
-// the bucket is released (release(), step(), set_parameter()). gradients(): stages 0-1 for the
+// the bucket is released (release() of every layer of it that has tensors, step(),
+// set_parameter()). gradients(): stages 0-1 for the
 // optimizer's life; stages 2-3 until the bucket's reduction finishes (gradients() asked for the
 // bucket in the next micro-batch, or step()). Gradients must be written before grad_ready(layer):
 // the reduction takes them then.
@@ -223,6 +224,8 @@ class zero_optimizer {
     reduced_fingerprint_.resize(nb);
     gathered_.resize(nb);
     is_gathered_.assign(nb, false);
+    layer_released_.assign(static_cast<std::size_t>(layout_.layers()), false);
+    released_.assign(nb, 0);
     pending_gather_.resize(nb);
   }
 
@@ -319,13 +322,18 @@ class zero_optimizer {
   }
   space_span<const half_type, space> parameters(const std::string& name) { return parameters(layout_.handle(name, "parameters")); }
 
-  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2, and for a
-  //! layer without tensors). The whole bucket is released, so a bucket of several layers is
-  //! gathered again for its next layer: choose bucket sizes near one layer for stage 3.
+  //! Stage 3: the layer no longer needs its gathered parameters (no-op in stages 0-2, for a
+  //! layer without tensors, and for a layer released again). Release is per layer: the bucket's
+  //! gathered memory goes once every layer of it that has tensors has been released since the
+  //! bucket was gathered, so a bucket of several layers is gathered once per pass, not once per
+  //! layer. (A layer never released keeps its bucket gathered until step().)
   void release(int layer) {
     const std::size_t b = layout_.bucket_of_layer(layer, "release");
     if constexpr (policy::shards_parameters) {
-      if (layout_.layer_elements(layer) > 0 && !persistent(b)) guarded("release", [&] { drop_gathered(b); });
+      const auto l = static_cast<std::size_t>(layer);
+      if (layout_.layer_elements(layer) == 0 || persistent(b) || !is_gathered_[b] || layer_released_[l]) return;
+      layer_released_[l] = true;
+      if (++released_[b] == with_tensors_[b]) guarded("release", [&] { drop_gathered(b); });
     } else {
       (void)b;
     }
@@ -1010,6 +1018,9 @@ class zero_optimizer {
         return comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]);
       }));
       is_gathered_[b] = true;
+      // A new gather: every layer of the bucket needs releasing again before it goes.
+      released_[b] = 0;
+      for (int l = k.first_layer; l <= k.last_layer; ++l) layer_released_[static_cast<std::size_t>(l)] = false;
       record(b, true);
     } else {
       (void)b;
@@ -1096,6 +1107,8 @@ class zero_optimizer {
   std::vector<pending> pending_reduce_;
   std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
   std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
+  std::vector<bool> layer_released_;                // per layer: released since its bucket was gathered
+  std::vector<std::size_t> released_;               // per bucket: its layers with tensors released so far
   std::vector<std::optional<request_type>> pending_gather_;
   std::optional<std::size_t> last_gathered_;  // this step's last gathered bucket: the direction of prefetching
 
