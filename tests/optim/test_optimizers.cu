@@ -131,11 +131,13 @@ TEST_CASE("cuda::step agrees with the host step: sgd") {
   SUBCASE("nesterov") { all_shapes(optim::sgd{{.lr = 0.05f, .momentum = 0.9f, .nesterov = true}}); }
 }
 
-TEST_CASE("cuda::step agrees with the host step: adam, adamw") {
+TEST_CASE("cuda::step agrees with the host step: adam, adamw (with and without amsgrad)") {
   SUBCASE("adam") { all_shapes(optim::adam{{.lr = 1e-2f}}); }
   SUBCASE("adam, L2") { all_shapes(optim::adam{{.lr = 1e-2f, .weight_decay = 0.1f}}); }
   SUBCASE("adamw") { all_shapes(optim::adamw{{.lr = 1e-2f}}); }
   SUBCASE("float working copy") { device_vs_host<optim::adamw, bf16, float>(optim::adamw{}, 12345, 0, true); }
+  SUBCASE("adam, amsgrad") { all_shapes(optim::adam_amsgrad{{.lr = 1e-2f, .weight_decay = 0.1f}}); }
+  SUBCASE("adamw, amsgrad") { all_shapes(optim::adamw_amsgrad{{.lr = 1e-2f}}); }
 }
 
 TEST_CASE("cuda::step checks its arguments like the host") {

@@ -173,14 +173,14 @@ std::vector<std::vector<float>> run_trace(Opt opt, const std::vector<float>& ini
 
 }  // namespace
 
-TEST_CASE("optimizers with schedules: close to torch.optim float32 over 200 steps (Adam/AdamW 1e-5, SGD 1e-4)") {
+TEST_CASE("optimizers with schedules: close to torch.optim float32 over 200 steps (Adam/AdamW/AMSGrad 1e-5, SGD 1e-4)") {
   const auto records = test_support::read_fixture("torch_optim.txt");
   std::map<std::string, any_schedule> schedules;
   for (const auto& r : test_support::read_fixture("lr_schedules.txt"))
     if (r.keyword == "schedule") schedules.emplace(r.text("name"), *make_schedule(r));
   std::vector<float> init;
   std::vector<std::vector<float>> grads;
-  int traces = 0, skipped = 0;
+  int traces = 0, amsgrad_traces = 0;
   for (const auto& r : records) {
     auto floats = [&](std::size_t i) {
       std::vector<float> v;
@@ -193,10 +193,6 @@ TEST_CASE("optimizers with schedules: close to torch.optim float32 over 200 step
     if (r.keyword != "trace") continue;
     const std::string name = r.text("name");
     CAPTURE(name);
-    if (r.integer("amsgrad") != 0) {
-      ++skipped;  // AMSGrad: tests/optim (with the optimizer that has it)
-      continue;
-    }
     std::optional<any_schedule> schedule;
     if (r.text("schedule") != "constant") schedule = schedules.at(r.text("schedule"));
     const std::string which = r.text("optimizer");
@@ -217,15 +213,20 @@ TEST_CASE("optimizers with schedules: close to torch.optim float32 over 200 step
         o.opt.eps = static_cast<float>(r.number("eps"));
         o.opt.weight_decay = static_cast<float>(r.number("weight_decay"));
       };
+      const bool amsgrad = r.integer("amsgrad") != 0;
+      auto run = [&]<class O>() {
+        O o;
+        fill(o);
+        ours = run_trace(o, init, grads, schedule);
+      };
       if (which == "adam") {
-        optim::adam o;
-        fill(o);
-        ours = run_trace(o, init, grads, schedule);
+        if (amsgrad) run.template operator()<optim::adam_amsgrad>();
+        else run.template operator()<optim::adam>();
       } else {
-        optim::adamw o;
-        fill(o);
-        ours = run_trace(o, init, grads, schedule);
+        if (amsgrad) run.template operator()<optim::adamw_amsgrad>();
+        else run.template operator()<optim::adamw>();
       }
+      if (amsgrad) ++amsgrad_traces;
     }
     ++traces;
     double worst = 0;
@@ -244,5 +245,6 @@ TEST_CASE("optimizers with schedules: close to torch.optim float32 over 200 step
     CHECK_MESSAGE(worst <= tolerance, name, ": worst relative difference over 200 steps ", worst);
   }
   CHECK(traces >= 20);
-  MESSAGE(traces, " traces compared, ", skipped, " AMSGrad traces left to tests/optim");
+  CHECK(amsgrad_traces == 2);  // adam_amsgrad and adamw_amsgrad
+  MESSAGE(traces, " traces compared, ", amsgrad_traces, " of them AMSGrad");
 }

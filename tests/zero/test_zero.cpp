@@ -107,6 +107,13 @@ TEST_CASE("zero: stages 0-3 on N ranks = one rank on the global batch; stages ag
 
 TEST_CASE("zero: the same with AdamW") { check_equivalence(adamw(), "adamw"); }
 
+TEST_CASE("zero: the same with AdamW + AMSGrad (a third state, sharded like the others)") {
+  optim::adamw_amsgrad o;
+  o.opt.lr = 3e-3f;
+  check_equivalence(o, "adamw_amsgrad");
+  CHECK(train<0>(1, o, 10) != train<0>(1, adamw(), 10));  // the maximum matters within 10 steps
+}
+
 TEST_CASE("zero: the stage must be 0-3 (compile-time) and the model must make sense (run-time)") {
   local_world::run(1, [](local_comm& comm) {
     trident::model_spec empty;

@@ -5,6 +5,8 @@
 //     struct sgd   { struct options; options opt; state_count = 1 (momentum buffer);     step(...) }
 //     struct adam  { struct options; options opt; state_count = 2 (exp_avg, exp_avg_sq); step(...) }
 //     struct adamw { same as adam, weight decay decoupled (default 1e-2) }
+//     adam_amsgrad, adamw_amsgrad         amsgrad=True: state_count = 3 (+ max_exp_avg_sq)
+//       (all four are basic_adam<Decoupled, AMSGrad>)
 //     concept optimizer<O>                 how a type opts in (see below)
 //     concept elementwise_optimizer<O>     + visit_update: what the CUDA step (optim/cuda/step.cuh) needs
 //     struct grad_stats { double sum_squares; bool finite; }
@@ -25,11 +27,17 @@
 //     working_copy  empty, or params.size() elements: the updated params rounded to Working
 //                   (fp16/bf16 working weights of mixed precision)
 //
-// The update rules are PyTorch's, operation for operation (torch/optim/sgd.py
-// `_single_tensor_sgd`, adam.py `_single_tensor_adam`, adamw.py `_single_tensor_adamw`): per-step
-// scalars (bias corrections, step size) are computed in double like Python does and rounded to
-// float once, the element-wise arithmetic is float, each operation rounded as the PyTorch
-// kernels round it. The same element functions run on the host and in the CUDA kernels
+// The update rules are PyTorch's formulas (torch/optim/sgd.py `_single_tensor_sgd`, adam.py
+// `_single_tensor_adam`, adamw.py `_single_tensor_adamw`, amsgrad included): per-step scalars
+// (bias corrections, step size) are computed in double as Python does and rounded to float once;
+// the element-wise arithmetic is float. Where our rounding differs from torch's CPU kernels (as
+// recorded from torch itself, tests/fixtures/README.md): torch fuses `add(x, alpha=a)`, `lerp_`
+// (the first moment) and `addcmul_` (the second) into fused multiply-adds, one rounding each,
+// where we round the multiply and the add separately; torch's float32 sqrt on the CPU is not
+// always correctly rounded (1 ulp off for ~18% of inputs), ours is. `addcdiv_` is unfused in both.
+// Over 200 steps the results stay within 1e-5 relative of torch's float32 for Adam, AdamW and
+// AMSGrad, 1e-4 for SGD (optim.schedule). We keep separate roundings so that the CUDA kernel,
+// where FMA is a choice too, gives the same bits as the host. The same element functions run on the host and in the CUDA kernels
 // (optim/cuda/step.cuh), where every operation is an explicitly rounded intrinsic (no FMA
 // contraction), so host and device agree bitwise (NaN payloads aside). On x86-64 the host step
 // runs AVX-512 or AVX2 code chosen at run time (optim/host_simd.hpp), compiled without FMA
@@ -205,14 +213,31 @@ struct adam_update {
   }
 };
 
-template <bool L2, bool Decoupled, class Options, class F>
+//! AMSGrad (torch.optim.Adam / AdamW with amsgrad=True): the same moments, then
+//!   torch.maximum(max_exp_avg_sqs[i], exp_avg_sq, out=max_exp_avg_sqs[i])
+//!   denom = (max_exp_avg_sqs[i].sqrt() / bias_correction2_sqrt).add_(eps)
+//! A third state, the running maximum of exp_avg_sq (zeroed before the first step); a NaN in
+//! either operand gives NaN, as torch.maximum does. The host runs it element by element (no
+//! SIMD path: it is not the common case), the CUDA kernel as every other functor.
+template <bool L2, bool Decoupled>
+struct amsgrad_update : adam_update<L2, Decoupled> {
+  static constexpr std::size_t states = 3;
+
+  TRIDENT_HOST_DEVICE void operator()(float& p, float g, float& m, float& v, float& v_max) const noexcept {
+    this->moments(p, g, m, v);
+    if (!(v_max != v_max)) v_max = (v != v || v > v_max) ? v : v_max;
+    this->apply(p, m, sqrt_rn(v_max));
+  }
+};
+
+template <bool L2, bool Decoupled, bool AMSGrad = false, class Options, class F>
 decltype(auto) visit_adam(const Options& o, std::int64_t step_number, F&& f) {
   // Python computes these scalars in double; the kernels receive them rounded to float.
   const double t = static_cast<double>(step_number);
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
   const double lr = o.lr;
-  adam_update<L2, Decoupled> u{};
+  std::conditional_t<AMSGrad, amsgrad_update<L2, Decoupled>, adam_update<L2, Decoupled>> u{};
   u.beta1 = o.beta1;
   u.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(o.beta1));
   u.beta2 = o.beta2;
@@ -346,8 +371,11 @@ inline void sqrt_tile(float* TRIDENT_DETAIL_RESTRICT out, const float* TRIDENT_D
 //! One tile: fixed-length loops when full (what -O2 vectorises), the same element code otherwise.
 template <class Update>
 void update_tile(const Update& u, float* TRIDENT_DETAIL_RESTRICT p, const float* TRIDENT_DETAIL_RESTRICT g,
-                 float* TRIDENT_DETAIL_RESTRICT s0, float* TRIDENT_DETAIL_RESTRICT s1, std::size_t len) noexcept {
-  if (len == tile_size) {
+                 float* TRIDENT_DETAIL_RESTRICT s0, float* TRIDENT_DETAIL_RESTRICT s1, float* TRIDENT_DETAIL_RESTRICT s2,
+                 std::size_t len) noexcept {
+  if constexpr (Update::states >= 3) {
+    for (std::size_t i = 0; i < len; ++i) u(p[i], g[i], s0[i], s1[i], s2[i]);
+  } else if (len == tile_size) {
     if constexpr (Update::uses_sqrt) {
       alignas(64) float root[tile_size];
       TRIDENT_DETAIL_IVDEP
@@ -365,15 +393,18 @@ void update_tile(const Update& u, float* TRIDENT_DETAIL_RESTRICT p, const float*
 }
 
 template <class Update, class Grad, class Working>
-void host_step(const Update& u, float* params, const Grad* grads, float* s0, float* s1, Working* working, std::size_t n,
-               float multiplier) {
+void host_step(const Update& u, float* params, const Grad* grads, float* s0, float* s1, float* s2, Working* working,
+               std::size_t n, float multiplier) {
   const host_isa isa = active_host_isa();
   parallel_ranges(n, tile_size, [&](std::size_t begin, std::size_t end) {
-    // AVX-512 / AVX2 when the CPU has them: one fused pass over the range (host_simd.hpp).
-    if (simd_range(isa, u, params + begin, grads + begin, Update::states >= 1 ? s0 + begin : nullptr,
-                   Update::states >= 2 ? s1 + begin : nullptr, working != nullptr ? working + begin : nullptr,
-                   end - begin, multiplier))
-      return;
+    // AVX-512 / AVX2 when the CPU has them: one fused pass over the range (host_simd.hpp), for
+    // the functors of up to two states it mirrors.
+    if constexpr (Update::states <= 2) {
+      if (simd_range(isa, u, params + begin, grads + begin, Update::states >= 1 ? s0 + begin : nullptr,
+                     Update::states >= 2 ? s1 + begin : nullptr, working != nullptr ? working + begin : nullptr,
+                     end - begin, multiplier))
+        return;
+    }
     alignas(64) float g[tile_size];
     alignas(64) float unused[tile_size];  // stands for the states an update does not have; never touched
     for (std::size_t at = begin; at < end; at += tile_size) {
@@ -381,7 +412,8 @@ void host_step(const Update& u, float* params, const Grad* grads, float* s0, flo
       load_grads(g, grads + at, len, multiplier);
       float* a = Update::states >= 1 ? s0 + at : unused;
       float* b = Update::states >= 2 ? s1 + at : unused;
-      update_tile(u, params + at, g, a, b, len);
+      float* c = Update::states >= 3 ? s2 + at : unused;
+      update_tile(u, params + at, g, a, b, c, len);
       if (working != nullptr) store_working(working + at, params + at, len);
     }
   });
@@ -401,9 +433,13 @@ void run_host_step(const char* who, const Update& u, std::span<float> params, st
   }
   check_step(who, params.data(), params.size(), grads.data(), grads.size(), pointers, sizes, Update::states,
              working.data(), working.size(), step_number);
-  host_step(u, params.data(), grads.data(), Update::states >= 1 ? pointers[0] : nullptr,
-            Update::states >= 2 ? pointers[1] : nullptr, working.empty() ? nullptr : working.data(), params.size(),
-            multiplier);
+  // State I of the functor, or nothing when it has fewer (never indexing past the array).
+  auto state_at = [&]<std::size_t I>() -> float* {
+    if constexpr (I < S && I < Update::states) return pointers[I];
+    else return nullptr;
+  };
+  host_step(u, params.data(), grads.data(), state_at.template operator()<0>(), state_at.template operator()<1>(),
+            state_at.template operator()<2>(), working.empty() ? nullptr : working.data(), params.size(), multiplier);
 }
 
 }  // namespace detail
@@ -466,71 +502,58 @@ struct sgd {
   }
 };
 
-//! Adam with L2 weight decay added to the gradient, exactly torch.optim.Adam (amsgrad off).
-//! States: exp_avg, exp_avg_sq, zeroed before the first step.
+//! Adam and AdamW, exactly torch.optim.Adam / torch.optim.AdamW, with or without AMSGrad:
+//!   basic_adam<false, false>  adam            L2 weight decay added to the gradient (default 0)
+//!   basic_adam<true,  false>  adamw           decoupled decay, param *= 1 - lr * weight_decay,
+//!                                             then the Adam update (default 1e-2, as torch)
+//!   basic_adam<false, true>   adam_amsgrad    amsgrad=True: a third state, the running maximum
+//!   basic_adam<true,  true>   adamw_amsgrad   of exp_avg_sq, whose square root divides
+//! AMSGrad is a type, not an option, because it changes state_count (structure at compile time).
+//! States: exp_avg, exp_avg_sq (and max_exp_avg_sq), zeroed before the first step.
 //!
 //!   trident::optim::adam o{{.lr = 3e-4f}};
 //!   o.step(params, std::span<const trident::bf16>(grads), {exp_avg, exp_avg_sq}, t, 1 / loss_scale);
-struct adam {
+//!   trident::optim::adamw_amsgrad a;  a.opt.lr = 3e-4f;
+//!   a.step(master, grads, {exp_avg, exp_avg_sq, max_exp_avg_sq}, t, multiplier, std::span<trident::bf16>(working));
+template <bool Decoupled, bool AMSGrad>
+struct basic_adam {
   struct options {
     float lr = 1e-3f;
     float beta1 = 0.9f;
     float beta2 = 0.999f;
     float eps = 1e-8f;
-    float weight_decay = 0;  // L2, added to the gradient
+    float weight_decay = Decoupled ? 1e-2f : 0.0f;  // AdamW: decoupled; Adam: L2, added to the gradient
   };
-  static constexpr std::size_t state_count = 2;  // exp_avg, exp_avg_sq
+  static constexpr std::size_t state_count = AMSGrad ? 3 : 2;  // exp_avg, exp_avg_sq (, max_exp_avg_sq)
+  static constexpr const char* name =
+      Decoupled ? (AMSGrad ? "adamw_amsgrad" : "adamw") : (AMSGrad ? "adam_amsgrad" : "adam");
+  static constexpr const char* step_name =
+      Decoupled ? (AMSGrad ? "adamw_amsgrad::step" : "adamw::step") : (AMSGrad ? "adam_amsgrad::step" : "adam::step");
 
   options opt;
 
+  //! Calls f with this step's element update (a detail::adam_update or amsgrad_update).
   template <class F>
   decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
-    detail::check_adam_options("adam", opt);
-    if (opt.weight_decay != 0) return detail::visit_adam<true, false>(opt, step_number, std::forward<F>(f));
-    return detail::visit_adam<false, false>(opt, step_number, std::forward<F>(f));
+    detail::check_adam_options(name, opt);
+    if (opt.weight_decay != 0) return detail::visit_adam<!Decoupled, Decoupled, AMSGrad>(opt, step_number, std::forward<F>(f));
+    return detail::visit_adam<false, false, AMSGrad>(opt, step_number, std::forward<F>(f));
   }
 
+  //! One step over a flat shard; see the header comment for the arguments.
   template <class Grad, class Working = float>
   void step(std::span<float> params, std::span<const Grad> grads, std::array<std::span<float>, state_count> state,
             std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
     visit_update(step_number, [&](const auto& u) {
-      detail::run_host_step("adam::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
+      detail::run_host_step(step_name, u, params, grads, state, step_number, grad_multiplier, working_copy);
     });
   }
 };
 
-//! AdamW: decoupled weight decay (param *= 1 - lr * weight_decay, then the Adam update without
-//! L2), exactly torch.optim.AdamW (amsgrad off); weight_decay defaults to 1e-2 as there.
-//!
-//!   trident::optim::adamw o;  o.opt.lr = 3e-4f;
-//!   o.step(master, grads, {exp_avg, exp_avg_sq}, t, multiplier, std::span<trident::bf16>(working));
-struct adamw {
-  struct options {
-    float lr = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps = 1e-8f;
-    float weight_decay = 1e-2f;  // decoupled: param *= 1 - lr * weight_decay
-  };
-  static constexpr std::size_t state_count = 2;  // exp_avg, exp_avg_sq
-
-  options opt;
-
-  template <class F>
-  decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
-    detail::check_adam_options("adamw", opt);
-    if (opt.weight_decay != 0) return detail::visit_adam<false, true>(opt, step_number, std::forward<F>(f));
-    return detail::visit_adam<false, false>(opt, step_number, std::forward<F>(f));
-  }
-
-  template <class Grad, class Working = float>
-  void step(std::span<float> params, std::span<const Grad> grads, std::array<std::span<float>, state_count> state,
-            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
-    visit_update(step_number, [&](const auto& u) {
-      detail::run_host_step("adamw::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
-    });
-  }
-};
+using adam = basic_adam<false, false>;
+using adamw = basic_adam<true, false>;
+using adam_amsgrad = basic_adam<false, true>;
+using adamw_amsgrad = basic_adam<true, true>;
 
 //! A type usable by zero_optimizer: options, state_count fp32 states per parameter, and a host
 //! step for float, fp16 and bf16 gradients (see the header comment).
@@ -560,7 +583,8 @@ concept elementwise_optimizer = optimizer<O> && requires(const O& o, std::int64_
   o.visit_update(t, sink);
 };
 
-static_assert(elementwise_optimizer<sgd> && elementwise_optimizer<adam> && elementwise_optimizer<adamw>);
+static_assert(elementwise_optimizer<sgd> && elementwise_optimizer<adam> && elementwise_optimizer<adamw> &&
+              elementwise_optimizer<adam_amsgrad> && elementwise_optimizer<adamw_amsgrad>);
 
 //! One pass over a gradient shard: the sum of squares of the multiplied gradients (for global
 //! norm clipping, summed over shards and ranks) and whether all of them are finite (the

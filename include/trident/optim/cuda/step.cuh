@@ -85,8 +85,8 @@ __device__ inline void to_array(const float4& v, float (&a)[4]) {
 
 template <class Update, class Grad, class Working>
 __global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restrict__ g, float* __restrict__ s0,
-                            float* __restrict__ s1, Working* __restrict__ w, std::size_t n, float multiplier,
-                            bool vectorised) {
+                            float* __restrict__ s1, float* __restrict__ s2, Working* __restrict__ w, std::size_t n,
+                            float multiplier, bool vectorised) {
   constexpr std::size_t states = Update::states;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -95,16 +95,21 @@ __global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restr
     const std::size_t quads = n / 4;
     for (std::size_t q = first; q < quads; q += stride) {
       const std::size_t at = q * 4;
-      float pv[4], gv[4], a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+      float pv[4], gv[4], a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0}, c[4] = {0, 0, 0, 0};
       to_array(*reinterpret_cast<const float4*>(p + at), pv);
       load4(g, at, multiplier, gv);
       if constexpr (states >= 1) to_array(*reinterpret_cast<const float4*>(s0 + at), a);
       if constexpr (states >= 2) to_array(*reinterpret_cast<const float4*>(s1 + at), b);
+      if constexpr (states >= 3) to_array(*reinterpret_cast<const float4*>(s2 + at), c);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) u(pv[k], gv[k], a[k], b[k]);
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (states >= 3) u(pv[k], gv[k], a[k], b[k], c[k]);
+        else u(pv[k], gv[k], a[k], b[k]);
+      }
       *reinterpret_cast<float4*>(p + at) = make_float4(pv[0], pv[1], pv[2], pv[3]);
       if constexpr (states >= 1) *reinterpret_cast<float4*>(s0 + at) = make_float4(a[0], a[1], a[2], a[3]);
       if constexpr (states >= 2) *reinterpret_cast<float4*>(s1 + at) = make_float4(b[0], b[1], b[2], b[3]);
+      if constexpr (states >= 3) *reinterpret_cast<float4*>(s2 + at) = make_float4(c[0], c[1], c[2], c[3]);
       if (w != nullptr) store4(w, at, pv);
     }
     tail = quads * 4;
@@ -112,13 +117,16 @@ __global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restr
   for (std::size_t i = tail + first; i < n; i += stride) {
     float pv = p[i];
     const float gv = __fmul_rn(static_cast<float>(g[i]), multiplier);
-    float a = 0, b = 0;
+    float a = 0, b = 0, c = 0;
     if constexpr (states >= 1) a = s0[i];
     if constexpr (states >= 2) b = s1[i];
-    u(pv, gv, a, b);
+    if constexpr (states >= 3) c = s2[i];
+    if constexpr (states >= 3) u(pv, gv, a, b, c);
+    else u(pv, gv, a, b);
     p[i] = pv;
     if constexpr (states >= 1) s0[i] = a;
     if constexpr (states >= 2) s1[i] = b;
+    if constexpr (states >= 3) s2[i] = c;
     if (w != nullptr) w[i] = Working(pv);
   }
 }
@@ -191,16 +199,22 @@ void step(const Opt& o, device_span<float> params, device_span<const Grad> grads
                               update::states, working_copy.data(), working_copy.size(), step_number);
     const std::size_t n = params.size();
     if (n == 0) return;
-    float* s0 = update::states >= 1 ? pointers[0] : nullptr;
-    float* s1 = update::states >= 2 ? pointers[1] : nullptr;
+    auto state_at = [&]<std::size_t I>() -> float* {
+      if constexpr (I < S && I < update::states) return pointers[I];
+      else return nullptr;
+    };
+    float* s0 = state_at.template operator()<0>();
+    float* s1 = state_at.template operator()<1>();
+    float* s2 = state_at.template operator()<2>();
     Working* w = working_copy.empty() ? nullptr : working_copy.data();
     const bool vectorised = detail::aligned(params.data(), 16) && detail::aligned(grads.data(), 4 * sizeof(Grad)) &&
-                            (s0 == nullptr || detail::aligned(s0, 16)) && (s1 == nullptr || detail::aligned(s1, 16)) &&
+                            (s0 == nullptr || detail::aligned(s0, 16)) && (s1 == nullptr || detail::aligned(s1, 16)) && (s2 == nullptr || detail::aligned(s2, 16)) &&
                             (w == nullptr || detail::aligned(w, 4 * sizeof(Working)));
     constexpr int block = 256;
     const std::size_t work = vectorised ? (n + 3) / 4 : n;
     detail::step_kernel<update, Grad, Working>
-        <<<grid_for(work, block), block, 0, stream>>>(u, params.data(), grads.data(), s0, s1, w, n, grad_multiplier, vectorised);
+        <<<grid_for(work, block), block, 0, stream>>>(u, params.data(), grads.data(), s0, s1, s2, w, n, grad_multiplier,
+                                                      vectorised);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   });
 }
