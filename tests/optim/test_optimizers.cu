@@ -165,6 +165,15 @@ TEST_CASE("cuda::gradient_stats is the host's, bitwise") {
     const auto hb = optim::gradient_stats(std::span<const bf16>(gb), 2.0f);
     const auto db = trident::cuda::gradient_stats(device_span<const bf16>(d_b.device_handle()), 2.0f);
     CHECK(std::bit_cast<std::uint64_t>(db.sum_squares) == std::bit_cast<std::uint64_t>(hb.sum_squares));
+    // The form ZeRO's step uses: the sum into a slot of its own, partials in a scratch reused
+    // across calls, nothing allocated or waited for until the slots are read back.
+    buffer<double, cuda_space> slots(2), partials(trident::cuda::gradient_stats_scratch_size(n));
+    trident::cuda::gradient_stats_async(device_span<const float>(d_f.device_handle()), 0.5f, slots.data(), partials.device_handle());
+    trident::cuda::gradient_stats_async(device_span<const bf16>(d_b.device_handle()), 2.0f, slots.data() + 1,
+                                        partials.device_handle());
+    const auto both = trident::to_vector(slots);
+    CHECK(std::bit_cast<std::uint64_t>(both[0]) == std::bit_cast<std::uint64_t>(hf.sum_squares));
+    CHECK(std::bit_cast<std::uint64_t>(both[1]) == std::bit_cast<std::uint64_t>(hb.sum_squares));
   }
   SUBCASE("non-finite gradients are found") {
     std::vector<fp16> g(200000, fp16(1.0f));

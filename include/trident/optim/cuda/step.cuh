@@ -9,6 +9,7 @@
 //     std::size_t gradient_stats_scratch_size(std::size_t n)             doubles gradient_stats_async needs
 //     void gradient_stats_async(device_span<const Grad> grads, float multiplier,
 //                               device_span<double> scratch, cudaStream_t stream = 0)   scratch[0] = sum of squares
+//     void gradient_stats_async(grads, multiplier, double* sum, device_span<double> partials, stream)
 //     optim::grad_stats gradient_stats(device_span<const Grad> grads, float multiplier = 1, cudaStream_t stream = 0)
 //
 // For CUDA translation units only. The step is one kernel per call over a flat shard, running
@@ -224,24 +225,38 @@ inline std::size_t gradient_stats_scratch_size(std::size_t n) noexcept {
   return 1 + (n + optim::detail::stats_block - 1) / optim::detail::stats_block;
 }
 
-//! The sum of squares of float(g) * multiplier into scratch[0], ordered on `stream`, nothing
-//! synchronised (a non-finite value there means a non-finite gradient; see optim::gradient_stats).
+//! The sum of squares of float(g) * multiplier into *sum (device memory), ordered on `stream`,
+//! nothing synchronised or allocated (a non-finite value there means a non-finite gradient; see
+//! optim::gradient_stats). `partials` holds at least gradient_stats_scratch_size(grads.size()) - 1
+//! doubles, and must not contain *sum.
+template <class Grad>
+void gradient_stats_async(device_span<const Grad> grads, float multiplier, double* sum, device_span<double> partials,
+                          cudaStream_t stream = nullptr) {
+  static_assert(optim::detail::is_grad_type_v<Grad>, "cuda::gradient_stats: gradients must be float, fp16 or bf16");
+  const std::size_t blocks = gradient_stats_scratch_size(grads.size()) - 1;
+  TRIDENT_EXPECT(partials.size() >= blocks, "cuda::gradient_stats_async: the scratch has ", partials.size(),
+                 " doubles, needs ", blocks, " for ", grads.size(), " gradients");
+  TRIDENT_EXPECT(sum != nullptr && (sum < partials.data() || sum >= partials.data() + blocks),
+                 "cuda::gradient_stats_async: the sum's slot is null or inside the scratch");
+  if (blocks > 0) {
+    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(blocks, 65535));
+    detail::block_stats_kernel<Grad><<<grid, detail::stats_threads, 0, stream>>>(grads.data(), grads.size(), multiplier,
+                                                                                partials.data(), blocks);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  detail::sum_in_order_kernel<><<<1, 1, 0, stream>>>(partials.data(), blocks, sum);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! The same with one scratch array: the sum in scratch[0], the partials after it.
 //! scratch holds at least gradient_stats_scratch_size(grads.size()) doubles.
 template <class Grad>
 void gradient_stats_async(device_span<const Grad> grads, float multiplier, device_span<double> scratch,
                           cudaStream_t stream = nullptr) {
-  static_assert(optim::detail::is_grad_type_v<Grad>, "cuda::gradient_stats: gradients must be float, fp16 or bf16");
-  const std::size_t blocks = gradient_stats_scratch_size(grads.size()) - 1;
-  TRIDENT_EXPECT(scratch.size() >= blocks + 1, "cuda::gradient_stats_async: scratch has ", scratch.size(),
-                 " doubles, needs ", blocks + 1, " for ", grads.size(), " gradients");
-  if (blocks > 0) {
-    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(blocks, 65535));
-    detail::block_stats_kernel<Grad><<<grid, detail::stats_threads, 0, stream>>>(grads.data(), grads.size(), multiplier,
-                                                                                scratch.data() + 1, blocks);
-    TRIDENT_CUDA_CHECK(cudaGetLastError());
-  }
-  detail::sum_in_order_kernel<><<<1, 1, 0, stream>>>(scratch.data() + 1, blocks, scratch.data());
-  TRIDENT_CUDA_CHECK(cudaGetLastError());
+  TRIDENT_EXPECT(scratch.size() >= gradient_stats_scratch_size(grads.size()), "cuda::gradient_stats_async: scratch has ",
+                 scratch.size(), " doubles, needs ", gradient_stats_scratch_size(grads.size()), " for ", grads.size(),
+                 " gradients");
+  gradient_stats_async(grads, multiplier, scratch.data(), device_span<double>(scratch.data() + 1, scratch.size() - 1), stream);
 }
 
 //! gradient_stats_async with its own scratch, waited for: convenient, not for the hot path (it

@@ -125,11 +125,18 @@ namespace trident::zero {
 template <memory_space Space>
 struct engine;
 
+//
+// stats_into writes the sum of squares of float(g) * multiplier (in double; non-finite when a
+// gradient is) into *sum, a slot of the space's memory, using `scratch` (stats_scratch(n)
+// doubles there) as it likes, and queues the work like the rest (nothing waited for, nothing
+// allocated): step() fills one slot per bucket and reads them back once.
 template <>
 struct engine<host_space> {
+  static constexpr std::size_t stats_scratch(std::size_t) noexcept { return 0; }
   template <class Comm, class H>
-  static optim::grad_stats stats(Comm&, const H* grads, std::size_t n, float multiplier) {
-    return optim::gradient_stats(std::span<const H>(grads, n), multiplier);
+  static void stats_into(Comm&, const H* grads, std::size_t n, float multiplier, double* sum, double* /*scratch*/,
+                         std::size_t /*scratch_size*/) {
+    *sum = optim::gradient_stats(std::span<const H>(grads, n), multiplier).sum_squares;
   }
   template <class Comm, class Opt, class H, std::size_t S>
   static void step(Comm&, const Opt& opt, float* params, const H* grads, const std::array<float*, S>& states, std::size_t n,
@@ -210,6 +217,13 @@ class zero_optimizer {
     for (auto& s : states_) s = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::optimizer_state);
     // step()'s all-gather of every rank's report, charged to the ledger current now.
     reports_ = buffer<double, space>(report_fields * static_cast<std::size_t>(dp.size()), mem_category::communication);
+    // The gradient statistics of step(): a slot per bucket and the engine's scratch for the
+    // largest piece, allocated once (on CUDA a step allocates nothing for them, nor waits per bucket).
+    bucket_sums_ = buffer<double, space>(layout_.buckets().size(), mem_category::communication);
+    std::size_t scratch = 0;
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
+      scratch = std::max(scratch, engine<space>::stats_scratch(layout_.piece_size(b)));
+    stats_scratch_ = buffer<double, space>(scratch, mem_category::communication);
     const std::size_t nb = layout_.buckets().size();
     layer_ready_.assign(static_cast<std::size_t>(layout_.layers()), false);
     with_tensors_.assign(nb, 0);
@@ -418,12 +432,15 @@ class zero_optimizer {
 
     // Overflow and norm over this rank's pieces; then every rank's report, in one all-gather.
     const float unscale = static_cast<float>(1.0 / scaler_.scale());
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
+      engine<space>::stats_into(*comm_, grad_piece(b), layout_.piece_size(b), unscale, bucket_sums_.data() + b,
+                                stats_scratch_.data(), stats_scratch_.size());
+    if constexpr (!space::host_accessible) comm_->synchronize();  // the slots were written on its stream
     double sum_squares = 0;
     bool finite = true;
-    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-      const auto st = engine<space>::stats(*comm_, grad_piece(b), layout_.piece_size(b), unscale);
-      sum_squares += st.sum_squares;
-      finite = finite && st.finite;
+    for (const double bucket_sum : to_vector(bucket_sums_)) {  // in bucket order: the same sum on every stage
+      sum_squares += bucket_sum;
+      finite = finite && std::isfinite(bucket_sum);
     }
     const auto reports = guarded("step", [&] { return exchange_reports(sum_squares, finite); });
     check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
@@ -1123,6 +1140,8 @@ class zero_optimizer {
   std::uint64_t collectives_ = 0, digest_ = fnv_basis;  // bucket collectives since the last step
   std::vector<std::uint64_t> sequence_;                 // the first recorded_collectives of them
   buffer<double, space> reports_;                        // step()'s all-gather: report_fields per rank
+  buffer<double, space> bucket_sums_;                    // step(): each bucket's sum of squares
+  buffer<double, space> stats_scratch_;                  // step(): the engine's scratch for them
 };
 
 }  // namespace trident::zero

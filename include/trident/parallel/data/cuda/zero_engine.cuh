@@ -41,9 +41,13 @@ cudaStream_t stream_of(Comm& comm) {
 
 template <>
 struct engine<cuda_space> {
+  // The per-block partial sums of cuda::gradient_stats_async; the total goes to the bucket's slot.
+  static std::size_t stats_scratch(std::size_t n) noexcept { return cuda::gradient_stats_scratch_size(n) - 1; }
   template <class Comm, class H>
-  static optim::grad_stats stats(Comm& comm, const H* grads, std::size_t n, float multiplier) {
-    return cuda::gradient_stats(device_span<const H>(grads, n), multiplier, engine_detail::stream_of(comm));
+  static void stats_into(Comm& comm, const H* grads, std::size_t n, float multiplier, double* sum, double* scratch,
+                         std::size_t scratch_size) {
+    cuda::gradient_stats_async(device_span<const H>(grads, n), multiplier, sum, device_span<double>(scratch, scratch_size),
+                               engine_detail::stream_of(comm));
   }
   template <class Comm, class Opt, class H, std::size_t S>
   static void step(Comm& comm, const Opt& opt, float* params, const H* grads, const std::array<float*, S>& states, std::size_t n,
