@@ -115,6 +115,10 @@ TEST_CASE("peak follows the largest simultaneous holding, not the sum of all all
   auto ledger = fresh_ledger();
   for (int i = 0; i < 10; ++i) buffer<float> transient(256, mem_category::activations, ledger);
   CHECK(ledger->peak(space_kind::host, mem_category::activations) == 1024);
+  CHECK(ledger->allocations(space_kind::host) == 10);  // every allocation counted, freed or not
+  CHECK(ledger->allocations(space_kind::cuda) == 0);
+  { buffer<float> none(0, mem_category::activations, ledger); }  // no memory: no allocation
+  CHECK(ledger->allocations(space_kind::host) == 10);
   buffer<float> a(256, mem_category::activations, ledger);
   buffer<float> b(512, mem_category::activations, ledger);
   CHECK(ledger->peak(space_kind::host, mem_category::activations) == 3072);

@@ -355,3 +355,39 @@ TEST_CASE("zero: stage 3 releases per layer: a bucket of two layers stays gather
     CHECK(nan(again));
   });
 }
+
+// On CUDA every allocation is a cudaMalloc (and a free an implicit device synchronisation): a
+// step must allocate nothing once warm. The ledger counts allocations, whatever the space.
+template <int Stage>
+void check_no_allocation_when_warm(bool prefetch) {
+  const mlp::dims d;
+  local_world::run(2, [&](local_comm& comm) {
+    auto options = small_buckets();
+    options.check_usage = false;
+    options.prefetch = prefetch;
+    options.persistence_threshold = 0;  // stage 3 gathers and releases every bucket
+    zero::zero_optimizer<Stage, optim::adamw, local_comm, trident::mixed_precision<trident::bf16>> z(comm, mlp::spec(d), adamw(),
+                                                                                                     options);
+    mlp::initialise(z, d);
+    const std::size_t rows = global_batch / 2;
+    auto train = [&](int s) {
+      mlp::train_step(z, d, static_cast<std::size_t>(s) * global_batch + static_cast<std::size_t>(comm.rank()) * rows, rows, rows,
+                      z.loss_scale());
+      CHECK(z.step().applied);
+    };
+    for (int s = 0; s < 3; ++s) train(s);  // warm: the pools have met their peaks
+    const std::size_t before = comm.ledger()->allocations(trident::space_kind::host);
+    for (int s = 3; s < 8; ++s) train(s);
+    INFO("stage ", Stage, ", prefetch ", prefetch, ", rank ", comm.rank());
+    CHECK(comm.ledger()->allocations(trident::space_kind::host) == before);
+  });
+}
+
+TEST_CASE("zero: once warm, a step allocates nothing (stages 0-3, with and without prefetch)") {
+  for (bool prefetch : {false, true}) {
+    check_no_allocation_when_warm<0>(prefetch);
+    check_no_allocation_when_warm<1>(prefetch);
+    check_no_allocation_when_warm<2>(prefetch);
+    check_no_allocation_when_warm<3>(prefetch);
+  }
+}

@@ -3,7 +3,8 @@
 // Synopsis
 //   enum class space_kind   { host, pinned_host, cuda };
 //   enum class mem_category { parameters, gradients, optimizer_state, activations, communication, other };
-//   class memory_ledger;                       thread-safe counters: bytes now, peak, live allocations
+//   class memory_ledger;                       thread-safe counters: bytes now, peak, live allocations,
+//                                              allocations ever made per space
 //   std::shared_ptr<memory_ledger> current_ledger();    the calling thread's ledger
 //   class scoped_ledger;                       makes a ledger current for a scope
 //
@@ -95,6 +96,7 @@ class memory_ledger {
     k.live.fetch_add(1, std::memory_order_relaxed);
     auto& t = totals_[static_cast<std::size_t>(s)];
     raise_peak(t.peak, t.bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    t.allocations.fetch_add(1, std::memory_order_relaxed);
   }
 
   void discharge(space_kind s, mem_category c, std::size_t bytes) noexcept {
@@ -119,6 +121,11 @@ class memory_ledger {
   //! The most bytes ever held at once in space `s`, all categories together.
   std::size_t peak(space_kind s) const noexcept {
     return totals_[static_cast<std::size_t>(s)].peak.load(std::memory_order_relaxed);
+  }
+  //! Allocations ever charged in space `s`, all categories: what shows that a loop allocates
+  //! nothing once warm (take it before and after; on CUDA every allocation is a cudaMalloc).
+  std::size_t allocations(space_kind s) const noexcept {
+    return totals_[static_cast<std::size_t>(s)].allocations.load(std::memory_order_relaxed);
   }
   //! Allocations alive now in (s, c).
   std::size_t live_allocations(space_kind s, mem_category c) const noexcept {
@@ -186,6 +193,7 @@ class memory_ledger {
   struct total {
     std::atomic<std::size_t> bytes{0};
     std::atomic<std::size_t> peak{0};
+    std::atomic<std::size_t> allocations{0};  // ever charged
   };
 
   cell& at(space_kind s, mem_category c) noexcept { return cells_[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)]; }

@@ -33,6 +33,12 @@
 //   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
 //
+// Streams (CUDA): the optimizer's own work, its collectives and the reuse of its bucket buffers
+// (pooled, never freed per step) are ordered on the communicator's stream. Work on another
+// stream that writes gradients() or reads parameters() must be ordered before the next call
+// that hands them to the communicator (grad_ready, release, step): hand the compute stream to
+// the communicator's (exec/cuda/stream.hpp, cuda_context::hand_to), as llm.c does.
+//
 // What the spans are valid for. parameters(): stages 0-2 for the optimizer's life; stage 3 until
 // the bucket is released (release() of every layer of it that has tensors, step(),
 // set_parameter()). gradients(): stages 0-1 for the
@@ -101,6 +107,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -491,7 +498,7 @@ class zero_optimizer {
       auto& g = bucket_grads_[b];
       bucket_live_[b] = false;
       if (!options_.check_usage || g.size() == 0) {
-        g = buffer<half_type, space>();
+        give_buffer(g);
         stale_fingerprint_[b].reset();
       } else {
         // Checked mode keeps the buffer that earlier spans point into, so a late write through
@@ -632,7 +639,7 @@ class zero_optimizer {
     if (stale_fingerprint_[b] && fingerprint(g.data(), g.size()) != *stale_fingerprint_[b])
       note(misuse::written_after_ready, b);  // through a span of an earlier micro-batch
     stale_fingerprint_[b].reset();
-    if (g.size() == 0) g = buffer<half_type, space>(layout_.buckets()[b].size, mem_category::communication);
+    if (g.size() == 0) g = take_buffer(layout_.buckets()[b].size);
     fill_zero(g);
     bucket_live_[b] = true;
     return g;
@@ -717,7 +724,7 @@ class zero_optimizer {
         if (now != p.fingerprint) note(misuse::written_after_ready, b);
         stale_fingerprint_[b] = now;
       } else {
-        g = buffer<half_type, space>();
+        give_buffer(g);
       }
       reset_bucket(b);  // the bucket's next micro-batch may begin
     }
@@ -1018,6 +1025,26 @@ class zero_optimizer {
                                      "applied"));
   }
 
+  // ---- communication buffers ----------------------------------------------------------------
+  // Bucket buffers (stages 2-3: gradients while a bucket is written and reduced; stage 3: the
+  // gathered parameters) come from a pool of spares keyed by size instead of being allocated and
+  // freed per micro-batch: on CUDA each allocation is a cudaMalloc and each free an implicit
+  // device synchronisation. After the first step, when every size has met its peak concurrency,
+  // steps allocate nothing (zero.local counts it with the ledger). The spares stay charged to the
+  // ledger as communication memory, which they are.
+  buffer<half_type, space> take_buffer(std::size_t n) {
+    if (auto it = spare_.find(n); it != spare_.end()) {
+      buffer<half_type, space> b = std::move(it->second);
+      spare_.erase(it);
+      return b;
+    }
+    return buffer<half_type, space>(n, mem_category::communication);
+  }
+  void give_buffer(buffer<half_type, space>& b) {
+    if (b.size() != 0) spare_.emplace(b.size(), std::move(b));
+    b = buffer<half_type, space>();
+  }
+
   // ---- stage 3 gathering --------------------------------------------------------------------
   bool persistent(std::size_t b) const { return layout_.buckets()[b].used < options_.persistence_threshold; }
 
@@ -1028,7 +1055,7 @@ class zero_optimizer {
       const std::size_t piece = layout_.piece_size(b);
       // Checked mode gathers into the buffer it poisoned on release, so a stale span sees
       // either NaN or this bucket's values, never another bucket's.
-      if (gathered_[b].size() == 0) gathered_[b] = buffer<half_type, space>(k.size, mem_category::communication);
+      if (gathered_[b].size() == 0) gathered_[b] = take_buffer(k.size);
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
       detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
       pending_gather_[b].emplace(bucket_collective(b, true, true, [&] {
@@ -1066,7 +1093,7 @@ class zero_optimizer {
     wait_gather(b);
     is_gathered_[b] = false;
     if (options_.check_usage) poison(gathered_[b]);
-    else gathered_[b] = buffer<half_type, space>();
+    else give_buffer(gathered_[b]);
   }
   void invalidate_gathered() {
     if constexpr (policy::shards_parameters)
@@ -1124,6 +1151,7 @@ class zero_optimizer {
   std::vector<pending> pending_reduce_;
   std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
   std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
+  std::multimap<std::size_t, buffer<half_type, space>> spare_;  // pooled bucket buffers by size
   std::vector<bool> layer_released_;                // per layer: released since its bucket was gathered
   std::vector<std::size_t> released_;               // per bucket: its layers with tensors released so far
   std::vector<std::optional<request_type>> pending_gather_;
