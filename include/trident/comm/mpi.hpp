@@ -232,30 +232,18 @@ class mpi_environment {
     auto& state = detail::mpi_exit_state::instance();
     const bool failed = state.failed.load() || std::uncaught_exceptions() > 0;
     if (exit_comm_ != MPI_COMM_NULL && !meet_at_exit(failed)) {
-      int rank = -1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       const char* why = state.last_failure.load();
-      std::fprintf(stderr,
-                   "trident: rank %d leaves after an error (%s) while other ranks have not reached the end within "
-                   "%lld s; they may be waiting for it in a collective, so the job is ended with MPI_Abort instead of "
-                   "hanging in MPI_Finalize (TRIDENT_MPI_EXIT_TIMEOUT sets the wait)\n",
-                   rank, why ? why : "an exception", static_cast<long long>(exit_timeout_.count() / 1000));
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      end_job(" leaves after an error (", why ? why : "an exception", ") while other ranks have not reached the end within ",
+              exit_timeout_.count() / 1000, " s; they may be waiting for it in a collective, so the job is ended with "
+              "MPI_Abort instead of hanging in MPI_Finalize (TRIDENT_MPI_EXIT_TIMEOUT sets the wait)");
     }
     if (state.lost.load()) {
       // Every rank got here, so nobody hangs; but an error that was never raised must not let
       // the job pass for a success.
-      int rank = -1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       const char* why = state.lost_failure.load();
-      std::fprintf(stderr,
-                   "trident: rank %d: an asynchronous operation (%s) failed and its request was destroyed without "
-                   "wait(), so its error was never raised; the job is ended with MPI_Abort so that it does not pass "
-                   "for a success (call wait() on every request to handle such errors)\n",
-                   rank, why ? why : "unknown");
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      end_job(": an asynchronous operation (", why ? why : "unknown", ") failed and its request was destroyed without "
+              "wait(), so its error was never raised; the job is ended with MPI_Abort so that it does not pass for a "
+              "success (call wait() on every request to handle such errors)");
     }
     detail::mpi_watchdog::instance().stop();
     if (exit_comm_ != MPI_COMM_NULL) MPI_Comm_free(&exit_comm_);
@@ -282,6 +270,21 @@ class mpi_environment {
     detail::mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_), "MPI_Init_thread");
     owner_ = true;
     detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm_), "MPI_Comm_dup");
+  }
+
+  // Says why on stderr, naming this rank, and ends the whole job.
+  template <class... Parts>
+  static void end_job(const Parts&... parts) noexcept {
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    try {
+      const std::string line = detail::concat("trident: rank ", rank, parts..., "\n");
+      std::fputs(line.c_str(), stderr);
+    } catch (...) {
+      std::fputs("trident: ending the job with MPI_Abort\n", stderr);
+    }
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
 
   // Every rank enters a non-blocking barrier; a rank that saw a failure waits for it at most
