@@ -8,28 +8,10 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
+#include "cuda_timing.hpp"
 #include "trident/optim/cuda/step.cuh"
 
-namespace {
-
-template <class F>
-float time_ms(F&& f, int iterations) {
-  cudaEvent_t a, b;
-  TRIDENT_CUDA_CHECK(cudaEventCreate(&a));
-  TRIDENT_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f(i);  // warm-up
-  TRIDENT_CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < iterations; ++i) f(i);
-  TRIDENT_CUDA_CHECK(cudaEventRecord(b));
-  TRIDENT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  TRIDENT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  TRIDENT_CUDA_CHECK(cudaEventDestroy(a));
-  TRIDENT_CUDA_CHECK(cudaEventDestroy(b));
-  return ms / static_cast<float>(iterations);
-}
-
-}  // namespace
+using bench::time_ms;
 
 int main(int argc, char** argv) {
   try {
@@ -51,7 +33,7 @@ int main(int argc, char** argv) {
     TRIDENT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 
     // The ceiling: a device-to-device copy moving the same 28 bytes per parameter (14 read, 14 written).
-    const float copy_ms = time_ms([&](int) {
+    const float copy_ms = time_ms([&] {
       TRIDENT_CUDA_CHECK(cudaMemcpyAsync(copy_dst.data(), copy_src.data(), copy_src.size_bytes() / 2, cudaMemcpyDeviceToDevice));
     }, 20);
     const double copy_gbs = 28.0 * static_cast<double>(n) / (copy_ms * 1e-3) / 1e9;
@@ -59,7 +41,7 @@ int main(int argc, char** argv) {
     trident::optim::adamw opt;
     opt.opt.lr = 1e-3f;
     std::int64_t t = 0;
-    const float step_ms = time_ms([&](int) {
+    const float step_ms = time_ms([&] {
       trident::cuda::step(opt, p.device_handle(), trident::device_span<const float>(g.data(), n), {m.device_handle(), v.device_handle()},
                           ++t);
     }, 50);

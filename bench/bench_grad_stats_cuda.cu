@@ -22,28 +22,14 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
+#include "cuda_timing.hpp"
 #include "trident/core/half.hpp"
 #include "trident/optim/cuda/step.cuh"
 #include "trident/optim/optimizers.hpp"
 
-namespace {
+using bench::time_ms;
 
-template <class F>
-float time_ms(F&& f, int iterations) {
-  cudaEvent_t a, b;
-  TRIDENT_CUDA_CHECK(cudaEventCreate(&a));
-  TRIDENT_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();  // warm-up
-  TRIDENT_CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < iterations; ++i) f();
-  TRIDENT_CUDA_CHECK(cudaEventRecord(b));
-  TRIDENT_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  TRIDENT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  TRIDENT_CUDA_CHECK(cudaEventDestroy(a));
-  TRIDENT_CUDA_CHECK(cudaEventDestroy(b));
-  return ms / static_cast<float>(iterations);
-}
+namespace {
 
 // The same element function as the kernels: the product rounded to float, squared in double.
 template <class Grad>
