@@ -326,6 +326,16 @@ TEST_CASE("linear rejects wrong sizes, naming the expected shape") {
         std::string::npos);
   CHECK(message_of([&] { fc.backward(2, x, w, y, dx, std::span<float>{dw}.first(3), db); }).find("dW has 3") !=
         std::string::npos);
+  // Without dx (a first layer) the weights are not needed; with dx they are.
+  std::vector<float> dw_with_w(3 * 4, 0.0f), dw_without_w(3 * 4, 0.0f), db_a(3, 0.0f), db_b(3, 0.0f);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(i);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = 0.5f - 0.125f * static_cast<float>(i);
+  fc.backward(2, x, w, y, {}, dw_with_w, db_a);
+  CHECK_NOTHROW(fc.backward(2, x, {}, y, {}, dw_without_w, db_b));
+  CHECK(dw_without_w == dw_with_w);
+  CHECK(db_b == db_a);
+  CHECK(message_of([&] { fc.backward(2, x, {}, y, dx, dw, db); }) ==
+        "linear::backward: W has 0 elements, expected [out=3, in=4] = 12");
   CHECK(message_of([&] { fc.backward(2, x, w, y, dx, dw, std::span<float>{db}.first(1)); }).find("db has 1") !=
         std::string::npos);
 }

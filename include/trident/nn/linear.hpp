@@ -4,7 +4,8 @@
 //   struct linear { std::size_t in_features, out_features;
 //     void forward(std::size_t batch, x, W, b, y) const          y[batch, out] = x W^T + b
 //     void backward(std::size_t batch, x, W, dy, dx, dW, db) const
-//                                                               dx = dy W          (overwritten; empty: skipped)
+//                                                               dx = dy W          (overwritten; empty: skipped,
+//                                                                                   and W may then be empty too)
 //                                                               dW += dy^T x       (accumulated)
 //                                                               db += sum_rows dy  (accumulated; empty: no bias)
 //     std::size_t weight_size() const, bias_size() const }
@@ -47,7 +48,9 @@ inline void check_linear_backward(const char* who, std::size_t batch, std::size_
                                   std::size_t db) {
   TRIDENT_EXPECT(x == batch * in, who, ": x has ", x, " elements, expected [batch=", batch, ", in=", in, "] = ",
                  batch * in);
-  TRIDENT_EXPECT(w == out * in, who, ": W has ", w, " elements, expected [out=", out, ", in=", in, "] = ", out * in);
+  // W only serves dx: the first layer of a network (dx not wanted) need not pass its weights.
+  TRIDENT_EXPECT(w == out * in || (w == 0 && dx == 0), who, ": W has ", w, " elements, expected [out=", out, ", in=", in,
+                 "] = ", out * in, dx == 0 ? " (or none, since dx is not wanted)" : "");
   TRIDENT_EXPECT(dy == batch * out, who, ": dy has ", dy, " elements, expected [batch=", batch, ", out=", out,
                  "] = ", batch * out);
   TRIDENT_EXPECT(dx == batch * in || dx == 0, who, ": dx has ", dx, " elements, expected [batch=", batch,
@@ -83,8 +86,9 @@ struct linear {
         for (std::size_t o = 0; o < out; ++o) y[r * out + o] += b[o];
   }
 
-  //! Given dy = dL/dy: dx = dy W (overwritten; skipped when dx is empty), dW += dy^T x and
-  //! db += the column sums of dy (accumulated; db empty: no bias). x and W are forward's inputs.
+  //! Given dy = dL/dy: dx = dy W (overwritten; skipped when dx is empty, and then W may be
+  //! empty), dW += dy^T x and db += the column sums of dy (accumulated; db empty: no bias). x
+  //! and W are forward's inputs.
   void backward(std::size_t batch, std::span<const float> x, std::span<const float> w, std::span<const float> dy,
                 std::span<float> dx, std::span<float> dw, std::span<float> db) const {
     const std::size_t in = in_features, out = out_features;

@@ -210,8 +210,8 @@ struct linear {
     }
   }
 
-  //! dx = dy W (overwritten; skipped when empty), dW += dy^T x, db += column sums of dy
-  //! (accumulated; db empty: no bias).
+  //! dx = dy W (overwritten; skipped when empty, and then W may be empty), dW += dy^T x,
+  //! db += column sums of dy (accumulated; db empty: no bias).
   void backward(cublasHandle_t handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
