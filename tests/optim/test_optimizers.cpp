@@ -420,3 +420,18 @@ TEST_CASE("bad hyperparameters are usage errors naming the option and the value 
   trident::optim::adamw zero_lr{{.lr = 0.0f}};  // legal, as in torch (DeepSpeed's first cosine step uses it)
   zero_lr.step(std::span<float>(p), std::span<const float>(g), {std::span<float>(m), std::span<float>(v)}, 1);
 }
+
+TEST_CASE("step takes gradients in any contiguous range: a std::vector steps exactly like its span") {
+  const std::vector<float> init{0.5f, -1.0f, 2.0f, 0.25f, -0.75f};
+  const std::vector<trident::bf16> grads{trident::bf16(0.1f), trident::bf16(-0.2f), trident::bf16(0.3f),
+                                         trident::bf16(0.05f), trident::bf16(-0.4f)};
+  auto run = [&](auto&& grads_arg) {
+    optim::adamw o{{.lr = 1e-2f}};
+    std::vector<float> p = init, m(init.size()), v(init.size());
+    std::vector<trident::bf16> working(init.size());
+    for (std::int64_t t = 1; t <= 3; ++t) o.step(p, grads_arg, {m, v}, t, 0.5f, std::span<trident::bf16>(working));
+    return p;
+  };
+  CHECK(run(grads) == run(std::span<const trident::bf16>(grads)));
+  CHECK(run(grads) != init);
+}

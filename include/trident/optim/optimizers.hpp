@@ -18,6 +18,7 @@
 // naming it, not NaN parameters.
 //
 //   o.step(params, grads, state, step_number, grad_multiplier = 1, working_copy = {})
+//     (grads may also be any contiguous range, e.g. a std::vector<float>)
 //     params        std::span<float>                 fp32 values updated in place (master weights)
 //     grads         std::span<const Grad>            Grad = float, fp16 or bf16
 //     state         std::array<std::span<float>, O::state_count>, each params.size() long
@@ -69,6 +70,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <ranges>
 #include <span>
 #include <thread>
 #include <type_traits>
@@ -500,6 +502,14 @@ struct sgd {
       detail::run_host_step("sgd::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
     });
   }
+
+  //! The same for gradients in any contiguous range (a std::vector, a buffer): its element type
+  //! is the gradient type.
+  template <std::ranges::contiguous_range Grads, class Working = float>
+  void step(std::span<float> params, const Grads& grads, std::array<std::span<float>, state_count> state,
+            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    step(params, std::span<const std::ranges::range_value_t<Grads>>(grads), state, step_number, grad_multiplier, working_copy);
+  }
 };
 
 //! Adam and AdamW, exactly torch.optim.Adam / torch.optim.AdamW, with or without AMSGrad:
@@ -547,6 +557,14 @@ struct basic_adam {
     visit_update(step_number, [&](const auto& u) {
       detail::run_host_step(step_name, u, params, grads, state, step_number, grad_multiplier, working_copy);
     });
+  }
+
+  //! The same for gradients in any contiguous range (a std::vector, a buffer): its element type
+  //! is the gradient type.
+  template <std::ranges::contiguous_range Grads, class Working = float>
+  void step(std::span<float> params, const Grads& grads, std::array<std::span<float>, state_count> state,
+            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    step(params, std::span<const std::ranges::range_value_t<Grads>>(grads), state, step_number, grad_multiplier, working_copy);
   }
 };
 
