@@ -79,7 +79,9 @@ inline MPI_Datatype to_mpi(dtype t) {
   throw usage_error(detail::concat("to_mpi: unknown dtype ", static_cast<int>(t)));
 }
 
-//! The MPI datatype of element type T: `mpi_type_of<double>() == MPI_DOUBLE`.
+//! The MPI datatype of element type T: `mpi_type_of<double>() == MPI_DOUBLE`. A function where
+//! NCCL's `nccl_type_of<T>` is a constant: MPI's handles are not constant expressions, and the
+//! fp16/bf16 types are created by MPI calls, which may only run after MPI_Init.
 template <element_type T>
 MPI_Datatype mpi_type_of() {
   return to_mpi(dtype_of<T>);
