@@ -16,7 +16,7 @@
 // all-gather that copies the finished chunks, so every rank ends with bit-identical results and
 // runs are deterministic. All-reduces and reduce-scatters of at most 2 KiB per rank skip the
 // ring's 2(n-1) hand-offs: each rank reduces what it owns straight from every peer's input, in
-// rank order (identical everywhere too; 8 ranks on 2 cores: 80 -> 17 us for a few floats). A
+// rank order (identical everywhere too, and much faster for a few floats; bench/RESULTS.md). A
 // collective ends when every rank has finished reading its peers' memory, so buffers can be
 // reused as soon as the call returns.
 //
@@ -41,13 +41,13 @@
 // Waiting. A rank that waits for a peer spins for a few microseconds (a peer one step behind
 // usually catches up that fast), then sleeps on a futex word of the peer's slot that the peer
 // bumps after each progress it publishes, so a sleeping rank is woken the moment it can go on.
-// Sleeping instead of yielding or polling matters when ranks outnumber cores (8 ranks on 2
-// cores, or beside a compiler): a poll with sleeps of tens of microseconds turned each wait into
-// a scheduler time slice, and a 0.5 s test into 26 s beside one busy process (2 s now). With
-// every core busy the spin itself was the trouble: each yield handed a busy process a whole
-// slice (40 s beside two busy loops), so after a yield that lost the core for a slice, waits
-// sleep at once for a while (3 s now; detail::local_spinning). A sleep is capped at 2 ms so an
-// abort elsewhere in the world, which does not know every group's slots, is still seen promptly.
+// Sleeping, not yielding or polling, because ranks may outnumber cores (8 ranks on 2 cores, or
+// beside a compiler): a poll's short sleep costs a whole scheduler time slice there. The spin
+// itself is skipped for a while after a yield that lost the core for a slice
+// (detail::local_spinning): with every core busy, each yield hands a busy process a whole slice.
+// A sleep is capped at 2 ms so that an abort elsewhere in the world, which does not know every
+// group's slots, is still seen promptly. (The measurements behind these choices are in
+// bench/RESULTS.md, "Thread backend".)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
