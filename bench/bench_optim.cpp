@@ -131,10 +131,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void stream_range(f
                                                                                std::uint16_t* __restrict w,
                                                                                std::size_t len) {
   constexpr std::size_t width = 16;
-  std::size_t i = 0;
-  // Element by element until p is 64-byte aligned, as the step does: a misaligned 64-byte access
-  // touches two cache lines (and costs this loop a fifth of its speed).
-  for (; i < len && reinterpret_cast<std::uintptr_t>(p + i) % 64 != 0; ++i) {
+  // One element, for the unaligned head and the tail.
+  auto element = [&](std::size_t i) {
     float gi;
     if constexpr (std::is_same_v<Grad, float>) gi = g[i];
     else gi = std::bit_cast<float>(static_cast<std::uint32_t>(g[i]) << 16);
@@ -143,7 +141,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void stream_range(f
     if constexpr (States >= 1) m[i] = m[i] + gi;
     if constexpr (States >= 2) v[i] = v[i] + gi;
     if constexpr (Working) w[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x) >> 16);
-  }
+  };
+  std::size_t i = 0;
+  // Element by element until p is 64-byte aligned, as the step does: a misaligned 64-byte access
+  // touches two cache lines (and costs this loop a fifth of its speed).
+  for (; i < len && reinterpret_cast<std::uintptr_t>(p + i) % 64 != 0; ++i) element(i);
   for (; i + width <= len; i += width) {
     f32x16 gi;
     if constexpr (std::is_same_v<Grad, float>) {
@@ -174,16 +176,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void stream_range(f
       std::memcpy(w + i, &h, sizeof h);
     }
   }
-  for (; i < len; ++i) {
-    float gi;
-    if constexpr (std::is_same_v<Grad, float>) gi = g[i];
-    else gi = std::bit_cast<float>(static_cast<std::uint32_t>(g[i]) << 16);
-    const float x = p[i] + gi;
-    p[i] = x;
-    if constexpr (States >= 1) m[i] = m[i] + gi;
-    if constexpr (States >= 2) v[i] = v[i] + gi;
-    if constexpr (Working) w[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x) >> 16);
-  }
+  for (; i < len; ++i) element(i);
 }
 
 template <int States, bool Half>

@@ -72,14 +72,7 @@ std::string usage_message(F&& f) {
 }
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-//! Runs f(std::integral_constant<int, Stage>) for the four stages.
-template <class F>
-void for_each_stage(F&& f) {
-  f(std::integral_constant<int, 0>{});
-  f(std::integral_constant<int, 1>{});
-  f(std::integral_constant<int, 2>{});
-  f(std::integral_constant<int, 3>{});
-}
+using zero_training::for_each_stage;
 
 template <int Stage, class Comm>
 using optimizer = zero::zero_optimizer<Stage, trident::optim::sgd, Comm>;

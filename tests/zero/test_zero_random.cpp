@@ -29,6 +29,7 @@
 
 namespace zero = trident::zero;
 namespace toy = zero_training::toy;
+using zero_training::for_each_stage;
 
 namespace {
 
@@ -94,14 +95,6 @@ std::vector<float> train_on(const episode& e, int ranks) {
     if (comm.rank() == 0) result = p;
   });
   return result;
-}
-
-template <class F>
-void for_each_stage(F&& f) {
-  f(std::integral_constant<int, 0>{});
-  f(std::integral_constant<int, 1>{});
-  f(std::integral_constant<int, 2>{});
-  f(std::integral_constant<int, 3>{});
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -14,6 +14,15 @@
 
 namespace zero_training {
 
+//! Runs f(std::integral_constant<int, Stage>) for the four ZeRO stages.
+template <class F>
+void for_each_stage(F&& f) {
+  f(std::integral_constant<int, 0>{});
+  f(std::integral_constant<int, 1>{});
+  f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 3>{});
+}
+
 inline constexpr std::size_t global_batch = 24;  // divisible by 1, 2, 3, 4 and 8
 
 inline trident::zero::zero_options small_buckets() {
