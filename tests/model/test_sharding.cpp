@@ -55,6 +55,8 @@ TEST_CASE("sharding: bad input is a usage_error that names what was expected") {
                        trident::usage_error);
   CHECK_THROWS_WITH_AS(sharding::split({4, 4}, 2, 2), doctest::Contains("axis 2 is not an axis of a 2-dimensional shape"),
                        trident::usage_error);
+  CHECK_THROWS_WITH_AS(sharding::split({}, 0, 2), doctest::Contains("axis 0 is not an axis of a 0-dimensional shape"),
+                       trident::usage_error);  // a scalar has no axis to split
   CHECK_THROWS_WITH_AS(sharding::split({4}, 0, 0), doctest::Contains("expected at least one part, got 0"),
                        trident::usage_error);
   CHECK_THROWS_WITH_AS(sharding::split({4}, 0, 2, 0), doctest::Contains("granule must be at least one"),

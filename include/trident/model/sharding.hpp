@@ -59,7 +59,7 @@ class sharding {
     s.axis_.reset();
     s.parts_ = 1;
     s.granule_ = 1;
-    s.padded_ = s.extent_or_numel();
+    s.padded_ = s.extent();
     return s;
   }
 
@@ -95,7 +95,7 @@ class sharding {
   std::size_t numel() const noexcept { return product(shape_); }
   //! The global extent along the split axis (the element count of a 1-D array; numel() when
   //! replicated).
-  std::size_t extent() const noexcept { return extent_or_numel(); }
+  std::size_t extent() const noexcept { return axis_ ? shape_[*axis_] : numel(); }
   //! extent() padded up to a multiple of parts x granule.
   std::size_t padded_extent() const noexcept { return padded_; }
   //! Each part's extent along the split axis, padding included.
@@ -109,8 +109,7 @@ class sharding {
   //! The shape each part holds, padding included.
   std::vector<std::size_t> local_shape() const {
     std::vector<std::size_t> s = shape_;
-    if (axis_ && !s.empty()) s[*axis_] = part_extent();
-    if (s.empty() && axis_) s.push_back(part_extent());  // a scalar split is a 1-element vector
+    if (axis_) s[*axis_] = part_extent();
     return s;
   }
 
@@ -146,10 +145,6 @@ class sharding {
     for (std::size_t d : v) n *= d;
     return n;
   }
-  std::size_t extent_or_numel() const noexcept {
-    if (!axis_ || shape_.empty()) return numel();
-    return shape_[*axis_];
-  }
   // Elements per index of the split axis (1 when replicated: the array counts as 1-D).
   std::size_t numel_without_axis() const noexcept {
     if (!axis_) return 1;
@@ -161,12 +156,12 @@ class sharding {
   void set_split(std::size_t axis, int parts, std::size_t granule, std::string_view who) {
     TRIDENT_EXPECT(parts >= 1, who, ": expected at least one part, got ", parts);
     TRIDENT_EXPECT(granule >= 1, who, ": the granule must be at least one element, got ", granule);
-    TRIDENT_EXPECT(shape_.empty() ? axis == 0 : axis < shape_.size(), who, ": axis ", axis, " is not an axis of a ",
-                   shape_.size(), "-dimensional shape");
+    TRIDENT_EXPECT(axis < shape_.size(), who, ": axis ", axis, " is not an axis of a ", shape_.size(),
+                   "-dimensional shape");
     axis_ = axis;
     parts_ = parts;
     granule_ = granule;
-    const std::size_t e = extent_or_numel();
+    const std::size_t e = extent();
     // parts x granule and the padded extent may not fit when the inputs are huge: checked,
     // never wrapped (a wrapped quantum of 0 would divide by zero).
     constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
