@@ -33,11 +33,15 @@
 //   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
 //
-// Streams (CUDA): the optimizer's own work, its collectives and the reuse of its bucket buffers
-// (pooled, never freed per step) are ordered on the communicator's stream. Work on another
-// stream that writes gradients() or reads parameters() must be ordered before the next call
-// that hands them to the communicator (grad_ready, release, step): hand the compute stream to
-// the communicator's (exec/cuda/stream.hpp, cuda_context::hand_to), as llm.c does.
+// Streams (CUDA): the optimizer's own work (copies, clears, statistics, updates), its
+// collectives and the reuse of its bucket buffers (pooled, never freed per step) are ordered on
+// the communicator's stream, so a bucket costs the host no wait, and a step one: reading back
+// every rank's report to decide whether to apply it. The spans that parameters() and
+// gradients() hand out are ready on that stream, and a pooled buffer may have served another
+// bucket just before. Work on another stream must therefore order itself after the
+// communicator's before touching them (cuda_context::order_after(comm.stream())), and before the
+// next call that hands them back (grad_ready, release, step: cuda_context::hand_to), as llm.c
+// hands its compute stream to NCCL's (exec/cuda/stream.hpp).
 //
 // What the spans are valid for. parameters(): stages 0-2 for the optimizer's life; stage 3 until
 // the bucket is released (release() of every layer of it that has tensors, step(),
@@ -133,10 +137,16 @@ template <memory_space Space>
 struct engine;
 
 //
-// stats_into writes the sum of squares of float(g) * multiplier (in double; non-finite when a
-// gradient is) into *sum, a slot of the space's memory, using `scratch` (stats_scratch(n)
-// doubles there) as it likes, and queues the work like the rest (nothing waited for, nothing
-// allocated): step() fills one slot per bucket and reads them back once.
+// Every member queues its work like the rest (nothing waited for, nothing allocated), so that
+// a bucket costs no host wait and a step one (reading back every rank's report):
+//   stats_into   the sum of squares of float(g) * multiplier (in double; non-finite when a
+//                gradient is) into *sum, a slot of the space's memory, using `scratch`
+//                (stats_scratch(n) doubles there) as it likes: step() fills one slot per bucket;
+//   total_into   out[0] = the n slots summed in order, out[1] = 1 if that is not finite (sums
+//                of squares cannot cancel an inf), i.e. this rank's report;
+//   step, accumulate   the optimizer update of a piece; dst += src for reduced pieces;
+//   copy, fill_zero    within the space, or from the host into it (the source may be reused at
+//                return): bucket buffers are pooled, so these must be ordered with the rest.
 template <>
 struct engine<host_space> {
   static constexpr std::size_t stats_scratch(std::size_t) noexcept { return 0; }
@@ -156,6 +166,21 @@ struct engine<host_space> {
   template <class Comm, class H>
   static void accumulate(Comm&, H* dst, const H* src, std::size_t n) {
     detail::host_combine(dtype_of<H>, reduce_op::sum, dst, dst, src, n);
+  }
+  template <class Comm>
+  static void total_into(Comm&, const double* sums, std::size_t n, double* out) {
+    double total = 0;
+    for (std::size_t b = 0; b < n; ++b) total += sums[b];
+    out[0] = total;
+    out[1] = std::isfinite(total) ? 0.0 : 1.0;
+  }
+  template <class Comm>
+  static void copy(Comm&, void* dst, const void* src, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+  }
+  template <class Comm>
+  static void fill_zero(Comm&, void* dst, std::size_t bytes) {
+    if (bytes != 0) std::memset(dst, 0, bytes);
   }
 };
 
@@ -437,19 +462,15 @@ class zero_optimizer {
     guarded("step", [&] { finish_reductions(); });
     check_gradients_untouched();
 
-    // Overflow and norm over this rank's pieces; then every rank's report, in one all-gather.
+    // Overflow and norm over this rank's pieces, summed in bucket order (the same sum on every
+    // stage) into this rank's report where it stands, on the communicator's stream; then every
+    // rank's report, in one all-gather, read back once: the step's one host wait.
     const float unscale = static_cast<float>(1.0 / scaler_.scale());
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
       engine<space>::stats_into(*comm_, grad_piece(b), layout_.piece_size(b), unscale, bucket_sums_.data() + b,
                                 stats_scratch_.data(), stats_scratch_.size());
-    if constexpr (!space::host_accessible) comm_->synchronize();  // the slots were written on its stream
-    double sum_squares = 0;
-    bool finite = true;
-    for (const double bucket_sum : to_vector(bucket_sums_)) {  // in bucket order: the same sum on every stage
-      sum_squares += bucket_sum;
-      finite = finite && std::isfinite(bucket_sum);
-    }
-    const auto reports = guarded("step", [&] { return exchange_reports(sum_squares, finite); });
+    engine<space>::total_into(*comm_, bucket_sums_.data(), bucket_sums_.size(), report_of_this_rank());
+    const auto reports = guarded("step", [&] { return exchange_reports(); });
     check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
     double norm_squared = 0;
     bool overflow = false;
@@ -493,7 +514,7 @@ class zero_optimizer {
   //! Clears the gradients, after waiting for reductions in flight (step() does this itself).
   void zero_grad() {
     guarded("zero_grad", [&] { finish_reductions(); });  // they write into the buffers cleared here
-    fill_zero(grads_);
+    clear(grads_);
     for (std::size_t b = 0; b < bucket_grads_.size(); ++b) {
       auto& g = bucket_grads_[b];
       bucket_live_[b] = false;
@@ -503,7 +524,7 @@ class zero_optimizer {
       } else {
         // Checked mode keeps the buffer that earlier spans point into, so a late write through
         // one lands here, not in freed memory, and is caught when the bucket is used again.
-        fill_zero(g);
+        clear(g);
         stale_fingerprint_[b] = fingerprint(g.data(), g.size());
       }
     }
@@ -548,10 +569,21 @@ class zero_optimizer {
   }
 
   template <class T>
-  static buffer<T, space> zeroed(std::size_t n, mem_category c) {
+  buffer<T, space> zeroed(std::size_t n, mem_category c) {
     buffer<T, space> b(n, c);
-    fill_zero(b);
+    clear(b);
     return b;
+  }
+  // Memory work goes through the engine, ordered with the communicator's work: a pooled bucket
+  // buffer is cleared or filled after whatever last used it, with no host wait (on CUDA a
+  // plain cudaMemset/cudaMemcpy would run on the legacy stream, unordered with a non-blocking one).
+  template <class T>
+  void clear(buffer<T, space>& b) {
+    engine<space>::fill_zero(*comm_, b.data(), b.size() * sizeof(T));
+  }
+  template <class T>
+  void copy_within(T* dst, const T* src, std::size_t n) {
+    engine<space>::copy(*comm_, dst, src, n * sizeof(T));
   }
 
   // Bad hyperparameters (a NaN or negative lr, betas out of range) are a usage_error on every
@@ -569,8 +601,8 @@ class zero_optimizer {
   }
 
   template <class T>
-  static void upload(buffer<T, space>& dst, std::size_t at, const T* host, std::size_t n) {
-    detail::copy_bytes(dst.data() + at, space::host_accessible, host, true, n * sizeof(T));
+  void upload(buffer<T, space>& dst, std::size_t at, const T* host, std::size_t n) {
+    engine<space>::copy(*comm_, dst.data() + at, host, n * sizeof(T));
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
@@ -640,7 +672,7 @@ class zero_optimizer {
       note(misuse::written_after_ready, b);  // through a span of an earlier micro-batch
     stale_fingerprint_[b].reset();
     if (g.size() == 0) g = take_buffer(layout_.buckets()[b].size);
-    fill_zero(g);
+    clear(g);
     bucket_live_[b] = true;
     return g;
   }
@@ -662,7 +694,7 @@ class zero_optimizer {
     half_type* data = user;
     if (options_.check_usage) {
       copy = buffer<half_type, space>(k.size, mem_category::communication);
-      detail::copy_bytes(copy.data(), space::host_accessible, user, space::host_accessible, k.size * sizeof(half_type));
+      copy_within(copy.data(), user, k.size);
       print = fingerprint(user, k.size);
       data = copy.data();
     }
@@ -688,7 +720,7 @@ class zero_optimizer {
         auto& p = pending_reduce_[done];
         bucket_collective(p.bucket, false, false, [&] {
           p.request.wait();
-          complete_reduction(p);  // synchronizes with the communicator
+          complete_reduction(p);
         });
       }
     } catch (...) {
@@ -706,7 +738,7 @@ class zero_optimizer {
       half_type* user = grads_.data() + k.begin;
       if (checked) {
         if (fingerprint(user, k.size) != p.fingerprint) note(misuse::written_after_ready, b);
-        detail::copy_bytes(user, space::host_accessible, p.copy.data(), space::host_accessible, k.size * sizeof(half_type));
+        copy_within(user, p.copy.data(), k.size);
         reduced_fingerprint_[b] = fingerprint(user, k.size);  // step() checks nobody wrote after this
       }
       // The layers stay marked ready until step(): a bucket is reduced once per step.
@@ -716,7 +748,9 @@ class zero_optimizer {
       auto& g = bucket_grads_[b];
       const half_type* reduced = (checked ? p.copy.data() : g.data()) + static_cast<std::size_t>(rank_) * piece;
       engine<space>::accumulate(*comm_, grads_.data() + k.shard_begin, reduced, piece);
-      comm_->synchronize();  // the buffers may be freed or reused next
+      // No host wait: the buffer goes back to the pool, and whatever takes it next (a bucket's
+      // gradients, a stage-3 gather) clears or fills it on the communicator's stream, after
+      // this accumulation (see "Streams" at the top for work on other streams).
       bucket_live_[b] = false;
       if (checked) {
         // Kept, so that spans into it stay valid memory; a write through one is caught later.
@@ -808,16 +842,22 @@ class zero_optimizer {
   // the rank that differs, and sums the norm in the same (rank) order. The buffer is kept for
   // the optimizer's life (allocating one per step would be a cudaMalloc/cudaFree, and a
   // device-wide synchronisation, on every step of the CUDA path).
-  std::vector<double> exchange_reports(double sum_squares, bool finite) {
-    // Integers below 2^53 travel exactly in doubles.
-    const double mine[report_fields] = {sum_squares,
-                                        finite ? 0.0 : 1.0,
-                                        static_cast<double>(collectives_),
-                                        static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1)),
-                                        static_cast<double>(problem_ ? static_cast<int>(problem_->kind) : 0),
-                                        static_cast<double>(problem_ ? problem_->bucket : 0)};
+  double* report_of_this_rank() { return reports_.data() + static_cast<std::size_t>(rank_) * report_fields; }
+
+  // The report's first two fields (sum of squares, non-finite) are in place already (step()'s
+  // total_into, or zero and finite: `blank`); the rest are known here.
+  std::vector<double> exchange_reports(bool blank = false) {
     const std::size_t at = static_cast<std::size_t>(rank_) * report_fields;
-    upload(reports_, at, mine, report_fields);
+    if (blank) {
+      const double clean[2] = {0.0, 0.0};
+      upload(reports_, at, clean, 2);
+    }
+    // Integers below 2^53 travel exactly in doubles.
+    const double known[report_fields - 2] = {static_cast<double>(collectives_),
+                                             static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1)),
+                                             static_cast<double>(problem_ ? static_cast<int>(problem_->kind) : 0),
+                                             static_cast<double>(problem_ ? problem_->bucket : 0)};
+    upload(reports_, at + 2, known, report_fields - 2);
     bucket_collective(no_bucket, false, false, [&] {
       comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
       comm_->synchronize();
@@ -1006,7 +1046,7 @@ class zero_optimizer {
                              describe_bucket(r.bucket), " (", r.message, ")");
     std::vector<double> reports;
     try {
-      reports = exchange_reports(0.0, true);
+      reports = exchange_reports(true);
     } catch (const error& e) {
       discard_step();
       throw usage_error(detail::concat(head, ": ", refused, ", and the ranks could not compare their bucket collectives (",
@@ -1057,7 +1097,7 @@ class zero_optimizer {
       // either NaN or this bucket's values, never another bucket's.
       if (gathered_[b].size() == 0) gathered_[b] = take_buffer(k.size);
       half_type* mine = gathered_[b].data() + static_cast<std::size_t>(rank_) * piece;
-      detail::copy_bytes(mine, space::host_accessible, working_.data() + k.shard_begin, space::host_accessible, piece * sizeof(half_type));
+      copy_within(mine, working_.data() + k.shard_begin, piece);
       pending_gather_[b].emplace(bucket_collective(b, true, true, [&] {
         return comm_->all_gather_async(space_span<const half_type, space>(mine, piece), gathered_[b]);
       }));

@@ -1,7 +1,8 @@
 // trident-requires: nvcc
 #pragma once
-// zero_optimizer's element-wise work on the GPU: gradient statistics, the fused optimizer step
-// and the accumulation of reduced gradient pieces, ordered on the communicator's CUDA stream.
+// zero_optimizer's element-wise work on the GPU: gradient statistics, the fused optimizer step,
+// the accumulation of reduced gradient pieces and the copies and clears of its buffers, all
+// ordered on the communicator's CUDA stream (nothing on the legacy stream, nothing waited for).
 // Include it (from a .cu file) to use zero_optimizer with nccl_comm.
 //
 //   #include <trident/comm/nccl.hpp>
@@ -29,6 +30,15 @@ __global__ void accumulate_kernel(H* dst, const H* src, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
     dst[i] = static_cast<H>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));  // as host_combine: in float
+}
+
+// One thread: the slots in order, as the host engine adds them (bitwise the same total).
+template <class = void>
+__global__ void total_kernel(const double* __restrict__ sums, std::size_t n, double* __restrict__ out) {
+  double total = 0;
+  for (std::size_t b = 0; b < n; ++b) total = __dadd_rn(total, sums[b]);
+  out[0] = total;
+  out[1] = isfinite(total) ? 0.0 : 1.0;
 }
 
 template <class Comm>
@@ -63,6 +73,21 @@ struct engine<cuda_space> {
     constexpr int block = 256;
     engine_detail::accumulate_kernel<<<cuda::grid_for(n, block), block, 0, engine_detail::stream_of(comm)>>>(dst, src, n);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  template <class Comm>
+  static void total_into(Comm& comm, const double* sums, std::size_t n, double* out) {
+    engine_detail::total_kernel<><<<1, 1, 0, engine_detail::stream_of(comm)>>>(sums, n, out);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  // On the communicator's stream, never the legacy one (which a non-blocking stream does not wait
+  // for). From pageable host memory CUDA stages the bytes before returning, so the source may go.
+  template <class Comm>
+  static void copy(Comm& comm, void* dst, const void* src, std::size_t bytes) {
+    if (bytes != 0) TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, engine_detail::stream_of(comm)));
+  }
+  template <class Comm>
+  static void fill_zero(Comm& comm, void* dst, std::size_t bytes) {
+    if (bytes != 0) TRIDENT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, engine_detail::stream_of(comm)));
   }
 };
 
