@@ -10,6 +10,7 @@
 //     sharding::split_exact(shape, axis, parts, what)     no padding: Megatron's rule, a
 //                                                         usage_error unless parts divides
 //   struct index_range      [begin, end) along the split axis
+//   take_part, put_part     a part's elements out of / back into the global row-major array
 //
 // The rule (PyTorch FSDP's and DeepSpeed's flat partitioning, and Megatron's when it divides):
 // the extent along the split axis is padded up to a multiple of parts x granule, and part r holds
@@ -26,6 +27,7 @@
 #include <cstddef>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -135,6 +137,22 @@ class sharding {
     return axis_ ? static_cast<int>(i / part_extent()) : 0;
   }
 
+  //! Elements before the split axis (its outer extent in row-major order) and after it (the
+  //! elements per index of the axis): part r's elements are, for each of the `outer` indices,
+  //! one contiguous run of part_extent() x inner elements. 1 and 1 when replicated.
+  std::size_t outer() const noexcept {
+    std::size_t n = 1;
+    if (axis_)
+      for (std::size_t d = 0; d < *axis_; ++d) n *= shape_[d];
+    return n;
+  }
+  std::size_t inner() const noexcept {
+    std::size_t n = 1;
+    if (axis_)
+      for (std::size_t d = *axis_ + 1; d < shape_.size(); ++d) n *= shape_[d];
+    return n;
+  }
+
   friend bool operator==(const sharding&, const sharding&) = default;
 
  private:
@@ -183,5 +201,49 @@ class sharding {
   std::size_t granule_ = 1;
   std::size_t padded_ = 0;  // extent along the split axis, padded
 };
+
+namespace detail {
+template <class F>
+void for_each_run(const sharding& s, int part, F&& f) {
+  // One run of real elements per outer index: (global offset, local offset, length).
+  const index_range own = s.owned(part);
+  const std::size_t inner = s.inner(), e = s.extent(), pe = s.part_extent();
+  const std::size_t first = s.is_split() ? s.slice(part).begin : 0;
+  for (std::size_t o = 0; o < s.outer(); ++o)
+    f(o * e * inner + own.begin * inner, o * pe * inner + (own.begin - first) * inner, own.size() * inner);
+}
+}  // namespace detail
+
+//! Copies part `part` of a global row-major array into `local` (local_numel() elements; its
+//! padding is zeroed): how a tensor-parallel rank takes its shard of weights generated whole,
+//! so that the same seed gives the same model whatever the number of parts.
+//!
+//!   auto w = trident::sharding::split_exact({out, in}, 1, t, "fc2.weight");   // row-parallel: columns
+//!   std::vector<float> mine(w.local_numel());
+//!   trident::take_part<float>(w, rank, full, mine);
+template <class T>
+void take_part(const sharding& s, int part, std::span<const T> global, std::span<T> local) {
+  TRIDENT_EXPECT(global.size() == s.numel(), "take_part: the global array has ", global.size(), " elements; expected ",
+                 s.numel());
+  TRIDENT_EXPECT(local.size() == s.local_numel(), "take_part(", part, "): the local array has ", local.size(),
+                 " elements; expected ", s.local_numel());
+  std::fill(local.begin(), local.end(), T{});
+  detail::for_each_run(s, part, [&](std::size_t g, std::size_t l, std::size_t n) {
+    std::copy_n(global.begin() + static_cast<std::ptrdiff_t>(g), n, local.begin() + static_cast<std::ptrdiff_t>(l));
+  });
+}
+
+//! The inverse: writes part `part`'s real elements from `local` into their places in `global`
+//! (padding is dropped); every part put once rebuilds the whole array.
+template <class T>
+void put_part(const sharding& s, int part, std::span<const T> local, std::span<T> global) {
+  TRIDENT_EXPECT(global.size() == s.numel(), "put_part: the global array has ", global.size(), " elements; expected ",
+                 s.numel());
+  TRIDENT_EXPECT(local.size() == s.local_numel(), "put_part(", part, "): the local array has ", local.size(),
+                 " elements; expected ", s.local_numel());
+  detail::for_each_run(s, part, [&](std::size_t g, std::size_t l, std::size_t n) {
+    std::copy_n(local.begin() + static_cast<std::ptrdiff_t>(l), n, global.begin() + static_cast<std::ptrdiff_t>(g));
+  });
+}
 
 }  // namespace trident

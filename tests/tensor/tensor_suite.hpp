@@ -1,0 +1,206 @@
+#pragma once
+// Tensor parallelism, one test body per behaviour, for every host backend (thread ranks in
+// test_tensor_local.cpp, MPI in test_tensor_mpi.cpp). Each body runs on every rank of a tensor
+// group (all call it together). The oracle is the unsharded computation, which every rank
+// does for itself from the same seed: the full weights are generated whole and each rank takes
+// its part (take_part), so the model is the same whatever t is.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/model/sharding.hpp"
+#include "trident/nn/activation.hpp"
+#include "trident/nn/linear.hpp"
+#include "trident/parallel/tensor/linear.hpp"
+#include "trident/parallel/tensor/regions.hpp"
+
+namespace tensor_suite {
+
+namespace tensor = trident::tensor;
+
+//! n values in [-scale, scale) from a seed (splitmix64): the same on every rank.
+inline std::vector<float> random(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  for (auto& x : v) {
+    s += 0x9E3779B97F4A7C15ull;
+    std::uint64_t z = s;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    x = scale * (static_cast<float>(z >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
+  }
+  return v;
+}
+
+//! max |a - b| / max |b|: the relative error of a whole tensor (0 when both are 0).
+inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale == 0 ? diff : diff / scale;
+}
+
+inline std::vector<float> part_of(const trident::sharding& s, int rank, const std::vector<float>& full) {
+  std::vector<float> local(s.local_numel());
+  trident::take_part<float>(s, rank, full, local);
+  return local;
+}
+
+//! The four conjugate operators do what they say, forward and backward.
+template <class Comm>
+void regions(Comm& tp) {
+  const int n = tp.size(), r = tp.rank();
+  const std::size_t k = 5;  // a sequence shard's elements
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  std::vector<float> whole_ref(k * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < whole_ref.size(); ++i) whole_ref[i] = static_cast<float>(i) - 3.0f;
+
+  // f: forward the identity (in place and into another buffer), backward the sum over ranks.
+  std::vector<float> x(k, 2.0f), y(k, 0.0f);
+  tensor::copy_to_region::forward(tp, x, x);
+  tensor::copy_to_region::forward(tp, x, y);
+  CHECK(y == x);
+  std::vector<float> dx(k, static_cast<float>(r + 1));
+  tensor::copy_to_region::backward(tp, dx, dx);
+  CHECK(dx == std::vector<float>(k, ranks_sum));
+  std::vector<float> dx2(k, static_cast<float>(r + 1));
+  tensor::copy_to_region::backward_async(tp, dx2, dx2).wait();
+  CHECK(dx2 == dx);
+
+  // g: forward the sum over ranks, backward the identity.
+  std::vector<float> partial(k, static_cast<float>(r + 1)), out(k);
+  tensor::reduce_from_region::forward(tp, partial, out);
+  CHECK(out == std::vector<float>(k, ranks_sum));
+  std::vector<float> dy(k, 4.0f), dpartial(k);
+  tensor::reduce_from_region::backward(tp, dy, dpartial);
+  CHECK(dpartial == dy);
+
+  // Sequence parallelism: shards in rank order make the whole; the adjoint sums each shard.
+  std::vector<float> shard(whole_ref.begin() + static_cast<std::ptrdiff_t>(k * static_cast<std::size_t>(r)),
+                           whole_ref.begin() + static_cast<std::ptrdiff_t>(k * static_cast<std::size_t>(r + 1)));
+  std::vector<float> whole(whole_ref.size());
+  tensor::gather_from_sequence::forward(tp, shard, whole);
+  CHECK(whole == whole_ref);
+  std::vector<float> grad_whole(whole_ref.size()), grad_shard(k);
+  for (std::size_t i = 0; i < grad_whole.size(); ++i) grad_whole[i] = static_cast<float>(r + 1) * whole_ref[i];
+  tensor::gather_from_sequence::backward(tp, grad_whole, grad_shard);
+  for (std::size_t i = 0; i < k; ++i) CHECK(grad_shard[i] == ranks_sum * shard[i]);
+
+  std::vector<float> summed(k);
+  tensor::reduce_scatter_to_sequence::forward(tp, grad_whole, summed);
+  CHECK(summed == grad_shard);
+  std::vector<float> regathered(whole_ref.size());
+  tensor::reduce_scatter_to_sequence::backward(tp, shard, regathered);
+  CHECK(regathered == whole_ref);
+
+  static_assert(tensor::region_operator<tensor::copy_to_region, Comm> && tensor::region_operator<tensor::reduce_from_region, Comm> &&
+                tensor::region_operator<tensor::gather_from_sequence, Comm> &&
+                tensor::region_operator<tensor::reduce_scatter_to_sequence, Comm>);
+}
+
+//! What a tensor-parallel MLP computed, gathered for comparison.
+struct mlp_result {
+  std::vector<float> y, dx, dw1, db1, dw2, db2;  // dw1, db1, dw2: this rank's parts
+};
+
+//! x [batch, hidden] -> column-parallel fc1 (hidden -> ffn) -> GELU -> row-parallel fc2
+//! (ffn -> hidden) -> y, then backward from dy: equals the unsharded MLP (within 1e-5 relative,
+//! every output and every gradient), and overlapping the input gradient's all-reduce changes no
+//! bit of the result.
+template <class Comm>
+void mlp_equals_serial(Comm& tp, std::uint64_t seed, std::size_t batch = 5, std::size_t hidden = 12, std::size_t ffn = 48) {
+  const int r = tp.rank();
+  const auto x = random(batch * hidden, seed);
+  const auto w1 = random(ffn * hidden, seed + 1, 0.3f), b1 = random(ffn, seed + 2, 0.1f);
+  const auto w2 = random(hidden * ffn, seed + 3, 0.3f), b2 = random(hidden, seed + 4, 0.1f);
+  const auto dy = random(batch * hidden, seed + 5);
+
+  // The unsharded reference.
+  const trident::nn::linear fc1{hidden, ffn}, fc2{ffn, hidden};
+  std::vector<float> h(batch * ffn), a(batch * ffn), y(batch * hidden);
+  fc1.forward(batch, x, w1, b1, h);
+  trident::nn::gelu::forward(h, a);
+  fc2.forward(batch, a, w2, b2, y);
+  std::vector<float> da(batch * ffn), dh(batch * ffn), dx(batch * hidden);
+  std::vector<float> dw1(w1.size()), db1(b1.size()), dw2(w2.size()), db2(b2.size());
+  fc2.backward(batch, a, w2, dy, da, dw2, db2);
+  trident::nn::gelu::backward(h, da, dh);
+  fc1.backward(batch, x, w1, dh, dx, dw1, db1);
+
+  auto run = [&](bool overlap) {
+    tensor::column_parallel_linear pfc1(tp, hidden, ffn, "fc1");
+    const tensor::row_parallel_linear pfc2(tp, ffn, hidden, "fc2");
+    pfc1.overlap = overlap;
+    const auto w1r = part_of(pfc1.weight_sharding(), r, w1), b1r = part_of(pfc1.bias_sharding(), r, b1);
+    const auto w2r = part_of(pfc2.weight_sharding(), r, w2);
+    const std::size_t local = pfc1.local_out_features();
+    CHECK(local == ffn / static_cast<std::size_t>(tp.size()));
+    CHECK(pfc2.local_in_features() == local);
+    std::vector<float> hr(batch * local), ar(batch * local);
+    mlp_result out{std::vector<float>(batch * hidden), std::vector<float>(batch * hidden), std::vector<float>(w1r.size()),
+                   std::vector<float>(b1r.size()), std::vector<float>(w2r.size()), std::vector<float>(b2.size())};
+    pfc1.forward(tp, batch, x, w1r, b1r, hr);
+    trident::nn::gelu::forward(hr, ar);
+    pfc2.forward(tp, batch, ar, w2r, b2, out.y);
+    std::vector<float> dar(batch * local), dhr(batch * local);
+    pfc2.backward(tp, batch, ar, w2r, dy, dar, out.dw2, out.db2);
+    trident::nn::gelu::backward(hr, dar, dhr);
+    pfc1.backward(tp, batch, x, w1r, dhr, out.dx, out.dw1, out.db1);
+    return out;
+  };
+  const mlp_result got = run(true);
+  INFO("tensor-parallel MLP on rank ", r, " of ", tp.size());
+  CHECK(relative_error(got.y, y) <= 1e-5);
+  CHECK(relative_error(got.dx, dx) <= 1e-5);
+  const tensor::column_parallel_linear shape1(tp, hidden, ffn, "fc1");
+  const tensor::row_parallel_linear shape2(tp, ffn, hidden, "fc2");
+  CHECK(relative_error(got.dw1, part_of(shape1.weight_sharding(), r, dw1)) <= 1e-5);
+  CHECK(relative_error(got.db1, part_of(shape1.bias_sharding(), r, db1)) <= 1e-5);
+  CHECK(relative_error(got.dw2, part_of(shape2.weight_sharding(), r, dw2)) <= 1e-5);
+  CHECK(relative_error(got.db2, db2) <= 1e-5);
+
+  const mlp_result serial_comm = run(false);
+  CHECK(serial_comm.dx == got.dx);
+  CHECK(serial_comm.dw1 == got.dw1);
+  CHECK(serial_comm.y == got.y);
+}
+
+//! Shapes that do not fit the group are usage_errors naming the layer and the sizes.
+template <class Comm>
+void bad_shapes(Comm& tp) {
+  const int n = tp.size();
+  if (n > 1) {
+    const std::size_t odd = static_cast<std::size_t>(n) * 3 + 1;
+    const std::string column = "qkv.weight (output features): " + std::to_string(odd) + " elements along axis 0 do not "
+                               "divide into " + std::to_string(n) + " equal parts";
+    const std::string row = "proj.weight (input features): " + std::to_string(odd) + " elements along axis 1";
+    CHECK_THROWS_WITH_AS(tensor::column_parallel_linear(tp, 8, odd, "qkv"), doctest::Contains(column.c_str()),
+                         trident::usage_error);
+    CHECK_THROWS_WITH_AS(tensor::row_parallel_linear(tp, odd, 8, "proj"), doctest::Contains(row.c_str()), trident::usage_error);
+  }
+  // A layer built for one group and run on another of another size.
+  auto alone = tp.split(tp.rank(), 0);  // every rank its own group of 1
+  const tensor::column_parallel_linear fc(alone, 4, 4 * static_cast<std::size_t>(n), "fc");
+  std::vector<float> x(2 * 4), w(4 * 4 * static_cast<std::size_t>(n)), b(4 * static_cast<std::size_t>(n)),
+      y(2 * 4 * static_cast<std::size_t>(n));
+  if (n > 1) {
+    const std::string group = "fc.forward: the tensor-parallel communicator has " + std::to_string(n) +
+                              " ranks, but the layer was built for 1";
+    CHECK_THROWS_WITH_AS(fc.forward(tp, 2, x, w, b, y), doctest::Contains(group.c_str()), trident::usage_error);
+  }
+  fc.forward(alone, 2, x, w, b, y);  // the right group
+  // Spans of the wrong size name the layer and the expected shape.
+  std::vector<float> short_w(w.size() - 1);
+  CHECK_THROWS_WITH_AS(fc.forward(alone, 2, x, short_w, b, y), doctest::Contains("fc.forward: W has"), trident::usage_error);
+}
+
+}  // namespace tensor_suite

@@ -1,0 +1,22 @@
+// Tensor parallelism over MPI (mpirun -np 4): the same bodies as on thread ranks, with t = 4
+// (the world) and t = 2 (the tensor axis of a grid with d = 2).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include "support/mpi_main.hpp"
+#include "tensor/tensor_suite.hpp"
+#include "trident/comm/mpi.hpp"
+#include "trident/comm/process_grid.hpp"
+
+TEST_CASE("tensor regions over MPI") { tensor_suite::regions(test_support::mpi_world()); }
+
+TEST_CASE("tensor-parallel MLP = the unsharded MLP over MPI (t = world, and t = 2 on a grid)") {
+  auto& world = test_support::mpi_world();
+  tensor_suite::mlp_equals_serial(world, 7);
+  trident::process_grid grid(world, 2, 1);
+  tensor_suite::mlp_equals_serial(grid.tensor(), 100 + static_cast<std::uint64_t>(grid.coordinate(trident::grid_axis::data)));
+}
+
+TEST_CASE("tensor-parallel layers: bad shapes over MPI") { tensor_suite::bad_shapes(test_support::mpi_world()); }
+
+int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }
