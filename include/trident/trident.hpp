@@ -53,3 +53,4 @@
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
+#include "trident/parallel/tensor/vocab.hpp"

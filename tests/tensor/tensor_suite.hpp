@@ -16,8 +16,10 @@
 #include "trident/model/sharding.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/linear.hpp"
+#include "trident/nn/loss.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
+#include "trident/parallel/tensor/vocab.hpp"
 
 namespace tensor_suite {
 
@@ -201,6 +203,69 @@ void bad_shapes(Comm& tp) {
   // Spans of the wrong size name the layer and the expected shape.
   std::vector<float> short_w(w.size() - 1);
   CHECK_THROWS_WITH_AS(fc.forward(alone, 2, x, short_w, b, y), doctest::Contains("fc.forward: W has"), trident::usage_error);
+}
+
+//! The vocabulary-parallel embedding equals the unsharded lookup bit for bit (forward and the
+//! table's gradient), and the vocabulary-parallel cross-entropy equals nn::softmax_cross_entropy
+//! on the whole logits (loss and gradient within 1e-6 relative), which no rank holds.
+template <class Comm>
+void vocab_equals_serial(Comm& tp, std::uint64_t seed, std::size_t n = 7, std::size_t vocab = 24, std::size_t hidden = 5) {
+  const int r = tp.rank();
+  std::vector<std::int32_t> tokens(n), targets(n);
+  const auto pick = random(2 * n, seed);
+  for (std::size_t i = 0; i < n; ++i) {
+    tokens[i] = static_cast<std::int32_t>((pick[i] + 1.0f) * 0.5f * static_cast<float>(vocab)) % static_cast<std::int32_t>(vocab);
+    targets[i] = static_cast<std::int32_t>((pick[n + i] + 1.0f) * 0.5f * static_cast<float>(vocab)) % static_cast<std::int32_t>(vocab);
+  }
+  tokens[1] = tokens[0];  // a repeated token: its gradient rows add up
+  const auto table = random(vocab * hidden, seed + 1);
+  const auto dout = random(n * hidden, seed + 2);
+
+  // Serial lookup and its gradient.
+  std::vector<float> x(n * hidden), dtable(vocab * hidden, 0.0f);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < hidden; ++j) {
+      x[i * hidden + j] = table[static_cast<std::size_t>(tokens[i]) * hidden + j];
+      dtable[static_cast<std::size_t>(tokens[i]) * hidden + j] += dout[i * hidden + j];
+    }
+  const tensor::vocab_parallel_embedding wte(tp, vocab, hidden, "wte");
+  const auto part = part_of(wte.weight_sharding(), r, table);
+  std::vector<float> got(n * hidden, -1.0f), dpart(part.size(), 0.0f);
+  wte.forward(tp, tokens, part, got);
+  CHECK(got == x);
+  wte.backward(tp, tokens, dout, dpart);
+  CHECK(dpart == part_of(wte.weight_sharding(), r, dtable));
+
+  // Cross-entropy over logits split by columns.
+  const auto logits = random(n * vocab, seed + 3, 4.0f);
+  const float loss = trident::nn::softmax_cross_entropy::forward(n, vocab, logits, targets);
+  std::vector<float> dlogits(logits.size());
+  trident::nn::softmax_cross_entropy::backward(n, vocab, logits, targets, dlogits, 0.5f);
+  const auto columns = trident::sharding::split_exact({n, vocab}, 1, tp.size(), "logits");
+  tensor::vocab_parallel_cross_entropy ce(tp, vocab, "lm_head");
+  CHECK(ce.vocab_range().size() == vocab / static_cast<std::size_t>(tp.size()));
+  const auto mine = part_of(columns, r, logits);
+  const float got_loss = ce.forward(tp, n, mine, targets);
+  INFO("vocabulary-parallel cross-entropy on rank ", r, " of ", tp.size(), ": ", got_loss, " vs ", loss);
+  CHECK(std::abs(got_loss - loss) <= 1e-6 * std::abs(loss));
+  std::vector<float> dmine(mine.size());
+  ce.backward(n, mine, targets, dmine, 0.5f);
+  CHECK(relative_error(dmine, part_of(columns, r, dlogits)) <= 1e-6);
+
+  // Bad input: on every rank alike, before anything is communicated.
+  auto bad_targets = targets;
+  bad_targets[3] = static_cast<std::int32_t>(vocab);
+  const std::string outside = "lm_head.forward: token " + std::to_string(vocab) + " at position 3 is outside the vocabulary";
+  CHECK_THROWS_WITH_AS(ce.forward(tp, n, mine, bad_targets), doctest::Contains(outside.c_str()), trident::usage_error);
+  const tensor::vocab_parallel_cross_entropy fresh(tp, vocab, "head");
+  CHECK_THROWS_WITH_AS(fresh.backward(n, mine, targets, dmine), doctest::Contains("expected a forward() over the same"),
+                       trident::usage_error);
+  if (tp.size() > 1) {
+    const std::size_t odd = 4 * static_cast<std::size_t>(tp.size()) + 1;
+    const std::string message = "wte.weight (vocabulary): " + std::to_string(odd) + " elements along axis 0 do not divide";
+    CHECK_THROWS_WITH_AS(tensor::vocab_parallel_embedding(tp, odd, hidden, "wte"), doctest::Contains(message.c_str()),
+                         trident::usage_error);
+  }
 }
 
 }  // namespace tensor_suite

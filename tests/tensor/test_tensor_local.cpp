@@ -27,3 +27,7 @@ TEST_CASE("tensor-parallel MLP on the tensor axis of a (t = 2, d = 2) grid: each
 TEST_CASE("tensor-parallel layers: shapes that do not fit the group are usage errors naming the sizes (threads)") {
   for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::bad_shapes(tp); });
 }
+
+TEST_CASE("vocabulary-parallel embedding and cross-entropy = the unsharded ones (threads, t = 1..4)") {
+  for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::vocab_equals_serial(tp, 21); });
+}

@@ -17,6 +17,10 @@ TEST_CASE("tensor-parallel MLP = the unsharded MLP over MPI (t = world, and t = 
   tensor_suite::mlp_equals_serial(grid.tensor(), 100 + static_cast<std::uint64_t>(grid.coordinate(trident::grid_axis::data)));
 }
 
+TEST_CASE("vocabulary-parallel embedding and cross-entropy over MPI") {
+  tensor_suite::vocab_equals_serial(test_support::mpi_world(), 21);
+}
+
 TEST_CASE("tensor-parallel layers: bad shapes over MPI") { tensor_suite::bad_shapes(test_support::mpi_world()); }
 
 int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }
