@@ -72,6 +72,8 @@ for ranks in 4; do
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_comm_nccl_multirank"
   [[ -x $build/tests/test_zero_nccl ]] && step "zero.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_nccl"
+  [[ -x $build/tests/test_zero_misuse_nccl ]] && step "zero.misuse_nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_misuse_nccl"
 done
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu

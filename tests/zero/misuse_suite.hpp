@@ -1,14 +1,21 @@
 #pragma once
 // zero_optimizer under bad input, one test body per behaviour, written against the communicator
 // concept and run on every backend (thread ranks in test_zero_misuse.cpp, MPI in
-// test_zero_mpi.cpp). Every body here makes its mistake on every rank alike, or is detected
-// collectively (at step()), so every rank throws the same usage_error and goes on: no rank is
-// left waiting, on any backend. Mistakes that one rank makes alone and that fail at once on that
-// rank only need the thread backend to fail its peers; they are in test_zero_misuse.cpp.
+// test_zero_mpi.cpp, NCCL in test_zero_misuse_nccl.cu). Every body here makes its mistake on
+// every rank alike, or is detected collectively (at step()), so every rank throws the same
+// usage_error and goes on: no rank is left waiting, on any backend. Mistakes that one rank makes
+// alone and that fail at once on that rank only need the thread backend to fail its peers; they
+// are in test_zero_misuse.cpp.
+//
+// The bodies touch the elements of parameters() and gradients() only through
+// zero_training::to_host and on_host (toy::micro_batch uses them too), so they run in any memory
+// space: in place on the host; on a device (nccl_comm: cuda_space) through a host vector, once
+// the communicator's stream is synchronised. Comparing the spans' data() pointers needs neither.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,7 +105,7 @@ void grad_ready_twice(Comm& comm) {
     CHECK(contains(what, "Expected each layer once per micro-batch"));
   };
   for (int s = 0; s < 3; ++s) {
-    toy::step_samples(z, spec, s, comm.rank(), comm.size(), how);
+    toy::step_samples(comm, z, spec, s, how);
     z.step();
   }
   CHECK(toy::parameters(z, spec) == clean);
@@ -128,13 +135,13 @@ void grad_ready_twice_in_shared_bucket(Comm& comm) {
       CHECK(contains(what, Stage < 2 ? "set_gradient_sync(false)" : "is in flight"));
     }
   };
-  toy::step_samples(z, spec, 0, comm.rank(), comm.size(), how);
+  toy::step_samples(comm, z, spec, 0, how);
   if constexpr (Stage < 2) {
-    const auto what = usage_message([&] { toy::step_samples(z, spec, 1, comm.rank(), comm.size()); });
+    const auto what = usage_message([&] { toy::step_samples(comm, z, spec, 1); });
     CHECK(contains(what, "since the last step(). Expected each layer once per micro-batch"));
     z.zero_grad();
   }
-  toy::step_samples(z, spec, 1, comm.rank(), comm.size());
+  toy::step_samples(comm, z, spec, 1);
   CHECK(z.step().applied);
 }
 
@@ -171,7 +178,7 @@ void different_orders(Comm& comm, bool prefetch = false) {
   options.prefetch = prefetch;
   auto later_steps = [&](optimizer<Stage, Comm>& z) {
     for (int s = 1; s < 3; ++s) {
-      toy::step_samples(z, spec, s, comm.rank(), comm.size());
+      toy::step_samples(comm, z, spec, s);
       z.step();
     }
     return toy::parameters(z, spec);
@@ -185,7 +192,7 @@ void different_orders(Comm& comm, bool prefetch = false) {
   toy::walk data_dependent;
   if (comm.rank() == 1) data_dependent.forward = {0, 2, 1};
   const auto what = usage_message([&] {
-    toy::step_samples(z, spec, 0, comm.rank(), comm.size(), data_dependent);
+    toy::step_samples(comm, z, spec, 0, data_dependent);
     z.step();
   });
   INFO(what);
@@ -220,7 +227,7 @@ void written_after_ready(Comm& comm, bool checked, bool old_span) {
   auto options = buckets_of(32);
   options.check_usage = checked;
   auto one_step = [&](optimizer<Stage, Comm>& z) {
-    toy::step_samples(z, spec, 1, comm.rank(), comm.size());
+    toy::step_samples(comm, z, spec, 1);
     z.step();
     return toy::parameters(z, spec);
   };
@@ -230,17 +237,17 @@ void written_after_ready(Comm& comm, bool checked, bool old_span) {
 
   optimizer<Stage, Comm> z(comm, spec, sgd(), options);
   toy::initialise(z, spec);
-  std::optional<trident::space_span<float, trident::host_space>> held;
+  std::optional<trident::space_span<float, typename Comm::space>> held;
   toy::walk late;
   late.before_ready = [&](int layer) {
     if (layer == 2) held = z.gradients("c");
   };
   late.after_ready = [&](int layer) {
     if (comm.rank() != 1 || layer != 2) return;
-    auto g = old_span ? *held : z.gradients("c");
-    g.data()[3] += 1.0f;  // too late: bucket 2's reduction has (or may have) taken its gradients
+    // Too late: bucket 2's reduction has (or may have) taken its gradients.
+    zero_training::on_host(comm, old_span ? *held : z.gradients("c"), [](std::span<float> g) { g[3] += 1.0f; });
   };
-  toy::step_samples(z, spec, 0, comm.rank(), comm.size(), late);
+  toy::step_samples(comm, z, spec, 0, late);
   const auto what = usage_message([&] { z.step(); });
   INFO(what);
   if (Stage >= 2 && !old_span)
@@ -264,20 +271,20 @@ void stale_parameters_read_nan(Comm& comm) {
   optimizer<3, Comm> z(comm, spec, sgd(), options);
   toy::initialise(z, spec);
   auto a = z.parameters("a");
-  const std::vector<float> before(a.data(), a.data() + a.size());
+  const std::vector<float> before = zero_training::to_host(comm, a);
   for (float v : before) CHECK(std::isfinite(v));
   z.release(0);
   (void)z.parameters("b");
   bool all_nan = true;
-  for (std::size_t i = 0; i < a.size(); ++i) all_nan = all_nan && std::isnan(a.data()[i]);
+  for (float v : zero_training::to_host(comm, a)) all_nan = all_nan && std::isnan(v);
   CHECK(all_nan);
   auto again = z.parameters("a");
   CHECK(again.data() == a.data());
-  CHECK(std::vector<float>(again.data(), again.data() + again.size()) == before);
-  toy::step_samples(z, spec, 0, comm.rank(), comm.size());
+  CHECK(zero_training::to_host(comm, again) == before);
+  toy::step_samples(comm, z, spec, 0);
   auto b = z.parameters("b");
   z.step();  // releases every bucket
-  CHECK(std::isnan(b.data()[0]));
+  CHECK(std::isnan(zero_training::to_host(comm, b)[0]));
 }
 
 //! Checked mode changes no result: the MLP and the toy model with two micro-batches per step

@@ -108,7 +108,7 @@ TEST_CASE("zero misuse: grad_ready twice by one rank only: the same usage_error 
       how.after_ready = [&](int layer) {
         if (comm.rank() == 1 && layer == 2) z.grad_ready(2);
       };
-      toy::micro_batch(z, spec, static_cast<std::size_t>(comm.rank()) * 4, 4, 4, how);
+      toy::micro_batch(comm, z, spec, static_cast<std::size_t>(comm.rank()) * 4, 4, 4, how);
       z.step();
     });
     // Rank 1 throws the usage_error, which run() rethrows; the others fail at once with a
@@ -261,7 +261,7 @@ TEST_CASE("zero: an error in communication still in flight reaches finish(), or 
                                             how.after_ready = [&](int layer) {
                                               if (comm.rank() == 1 && layer == 2) throw std::runtime_error("loss is NaN");
                                             };
-                                            toy::step_samples(z, spec, 0, comm.rank(), 2, how);
+                                            toy::step_samples(comm, z, spec, 0, how);
                                             // Rank 0 has bucket 1's reduction queued, which rank 1 never joins.
                                             // finish() throws the first failure; what it did
                                             // not wait for yet, a second call waits for.

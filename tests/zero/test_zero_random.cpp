@@ -144,7 +144,7 @@ void grad_ready_twice(const episode& e, std::mt19937_64& rng) {
           if (mine && l == layer) z.grad_ready(l);
         };
         toy::initialise(z, e.spec);
-        toy::step_samples(z, e.spec, 0, comm.rank(), comm.size(), how);
+        toy::step_samples(comm, z, e.spec, 0, how);
         z.step();
       });
     }, options);
@@ -258,13 +258,13 @@ void different_orders(const order_episode& o) {
     data_dependent.forward = comm.rank() == o.culprit ? o.other_order : o.order;
     try {
       recorded(seen[static_cast<std::size_t>(comm.rank())], [&] {
-        toy::step_samples(z, o.spec, 0, comm.rank(), comm.size(), data_dependent);
+        toy::step_samples(comm, z, o.spec, 0, data_dependent);
         z.step();
       });
     } catch (const trident::usage_error&) {  // every rank throws it, so the world goes on
     }
     // Nothing was applied: the same step in the same order now gives what it gives from the start.
-    toy::step_samples(z, o.spec, 0, comm.rank(), comm.size());
+    toy::step_samples(comm, z, o.spec, 0);
     z.step();
     CHECK(toy::parameters(z, o.spec) == expected);
   }, options);

@@ -1,5 +1,5 @@
-# ZeRO and mixed precision on thread ranks and over MPI. The MLP they train lives with the
-# examples (examples/common/mlp.hpp), so tests and examples train the same model.
+# ZeRO and mixed precision on thread ranks, over MPI and over NCCL. The MLP they train lives with
+# the examples (examples/common/mlp.hpp), so tests and examples train the same model.
 find_package(Threads REQUIRED)
 trident_add_test(zero.local SOURCES zero/test_zero.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
 target_include_directories(test_zero_local PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
@@ -27,6 +27,12 @@ if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi)
                    MPI_RANKS 2 LABELS zero nccl gpu mpi TIMEOUT 600)
   target_include_directories(test_zero_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
   set_property(TEST zero.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+  # The misuse suite (misuse_suite.hpp) on 2 NCCL ranks sharing GPU 0, device buffers staged
+  # through the host; skips (77) without a device like zero.nccl.
+  trident_add_test(zero.misuse_nccl SOURCES zero/test_zero_misuse_nccl.cu LIBRARIES trident::nccl trident::mpi Threads::Threads
+                   MPI_RANKS 2 LABELS zero nccl gpu mpi TIMEOUT 600)
+  target_include_directories(test_zero_misuse_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+  set_property(TEST zero.misuse_nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
 endif()
 # Random models and call sequences (issue 17): TRIDENT_RANDOM_EPISODES / TRIDENT_RANDOM_SEED for longer runs.
 trident_add_test(zero.random SOURCES zero/test_zero_random.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)

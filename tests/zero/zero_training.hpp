@@ -1,10 +1,13 @@
 #pragma once
 // What the ZeRO tests share: the bucket sizes that give the MLP several buckets, a relative
-// difference, and "train the MLP `steps` steps on this communicator, return its parameters by
-// name" for any backend (device communicators go through mlp::host_staged).
+// difference, host access to the optimizer's spans in any memory space (to_host, on_host), and
+// "train the MLP (or the toy model) `steps` steps on this communicator, return its parameters by
+// name" for any backend (device communicators: the MLP through mlp::host_staged, the toy model
+// through to_host and on_host).
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -31,6 +34,47 @@ inline trident::zero::zero_options small_buckets() {
   o.first_bucket_bytes = 150 * sizeof(float);
   o.persistence_threshold = 0;  // stage 3 really gathers and releases
   return o;
+}
+
+//! The elements of a span that zero_optimizer handed out (parameters(), gradients()), in any
+//! memory space, as a host vector. A host-accessible span is read directly. A device span
+//! (nccl_comm's cuda_space) is copied with trident::copy after comm.synchronize(): work queued on
+//! the communicator's stream may still be writing it (a stage-3 gather or prefetch, the NaN of a
+//! release, a bucket zeroed for a new micro-batch), and synchronize() waits for it with the
+//! communicator's timeout, where a bare cudaMemcpy behind a collective that never completes would
+//! wait forever.
+template <class Comm, class T, trident::memory_space Space>
+std::vector<std::remove_const_t<T>> to_host(Comm& comm, trident::space_span<T, Space> s) {
+  using V = std::remove_const_t<T>;
+  std::vector<V> out(s.size());
+  if constexpr (Space::host_accessible) {
+    std::copy(s.data(), s.data() + s.size(), out.begin());
+  } else {
+    comm.synchronize();
+    trident::copy(trident::space_span<const V, Space>(s), trident::space_span<V, trident::host_space>(out));
+  }
+  return out;
+}
+
+//! Calls f(std::span<T>) on the elements of a span of any memory space and keeps what f writes.
+//! A host-accessible span is modified in place, element by element, as backward writes it. A
+//! device span is staged: to_host (which synchronises first), f, and trident::copy back, which
+//! has landed when on_host returns, so the collective or kernel that next reads these elements
+//! on the communicator's stream (grad_ready's reduction, step()'s checks) sees them, whether or
+//! not that stream is ordered with the legacy default stream: a host-to-device cudaMemcpy from
+//! pageable memory may return before its DMA lands, so one element is copied back, which the
+//! same (legacy) stream runs after it and which returns only when done.
+template <class Comm, class T, trident::memory_space Space, class F>
+  requires(!std::is_const_v<T>)
+void on_host(Comm& comm, trident::space_span<T, Space> s, F&& f) {
+  if constexpr (Space::host_accessible) {
+    f(std::span<T>(s.data(), s.size()));
+  } else {
+    auto host = to_host(comm, s);
+    f(std::span<T>(host));
+    trident::copy(trident::space_span<const T, trident::host_space>(host), s);
+    if (!s.empty()) trident::copy(s.subspan(0, 1), trident::space_span<T, trident::host_space>(host.data(), 1));
+  }
 }
 
 inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -112,10 +156,12 @@ inline walk default_walk(const trident::model_spec& spec, walk w = {}) {
 }
 
 //! Forward and backward over samples [first, first + rows) of a batch of rows_per_rank rows on
-//! each rank; gradients accumulate (+=), so micro-batches add up.
-template <class Zero>
-void micro_batch(Zero& z, const trident::model_spec& spec, std::size_t first, std::size_t rows, std::size_t rows_per_rank,
-                 const walk& how = {}) {
+//! each rank; gradients accumulate (+=), so micro-batches add up. comm is the optimizer's
+//! communicator: parameters and gradients are read and written through to_host and on_host, so
+//! the model trains in any memory space.
+template <class Comm, class Zero>
+void micro_batch(Comm& comm, Zero& z, const trident::model_spec& spec, std::size_t first, std::size_t rows,
+                 std::size_t rows_per_rank, const walk& how = {}) {
   const walk w = default_walk(spec, how);
   using H = typename Zero::half_type;
   auto has_tensors = [&](int l) {
@@ -127,9 +173,9 @@ void micro_batch(Zero& z, const trident::model_spec& spec, std::size_t first, st
     for (std::size_t k = 0; k < spec.tensors().size(); ++k) {
       const auto& t = spec.tensors()[k];
       if (t.layer != l) continue;
-      auto p = z.parameters(t.name);
+      const auto p = to_host(comm, z.parameters(t.name));
       seen[k].resize(t.numel);
-      for (std::size_t i = 0; i < t.numel; ++i) seen[k][i] = static_cast<float>(p.data()[i]);
+      for (std::size_t i = 0; i < t.numel; ++i) seen[k][i] = static_cast<float>(p[i]);
     }
     z.release(l);
   }
@@ -138,12 +184,13 @@ void micro_batch(Zero& z, const trident::model_spec& spec, std::size_t first, st
     for (std::size_t k = 0; k < spec.tensors().size(); ++k) {
       const auto& t = spec.tensors()[k];
       if (t.layer != l) continue;
-      auto g = z.gradients(t.name);
-      for (std::size_t i = 0; i < t.numel; ++i) {
-        float sum = 0;
-        for (std::size_t s = first; s < first + rows; ++s) sum += seen[k][i] - hash01(t.name, s + 1, i);
-        g.data()[i] = static_cast<H>(static_cast<float>(g.data()[i]) + sum / static_cast<float>(rows_per_rank));
-      }
+      on_host(comm, z.gradients(t.name), [&](std::span<H> g) {
+        for (std::size_t i = 0; i < t.numel; ++i) {
+          float sum = 0;
+          for (std::size_t s = first; s < first + rows; ++s) sum += seen[k][i] - hash01(t.name, s + 1, i);
+          g[i] = static_cast<H>(static_cast<float>(g[i]) + sum / static_cast<float>(rows_per_rank));
+        }
+      });
     }
     if (w.before_ready) w.before_ready(l);
     z.grad_ready(l);
@@ -166,11 +213,11 @@ std::vector<float> parameters(Zero& z, const trident::model_spec& spec) {
   return out;
 }
 
-//! The samples of step s on rank `rank` of `ranks`, in one micro-batch.
-template <class Zero>
-void step_samples(Zero& z, const trident::model_spec& spec, int s, int rank, int ranks, const walk& how = {}) {
-  const std::size_t rows = batch / static_cast<std::size_t>(ranks);
-  micro_batch(z, spec, static_cast<std::size_t>(s) * batch + static_cast<std::size_t>(rank) * rows, rows, rows, how);
+//! The samples of step s on comm's rank, in one micro-batch.
+template <class Comm, class Zero>
+void step_samples(Comm& comm, Zero& z, const trident::model_spec& spec, int s, const walk& how = {}) {
+  const std::size_t rows = batch / static_cast<std::size_t>(comm.size());
+  micro_batch(comm, z, spec, static_cast<std::size_t>(s) * batch + static_cast<std::size_t>(comm.rank()) * rows, rows, rows, how);
 }
 
 //! Parameters by name (spec order) after `steps` steps of the toy model on comm's ranks.
@@ -186,7 +233,7 @@ std::vector<float> train(Comm& comm, const trident::model_spec& spec, Opt opt, t
       if constexpr (Stage < 2) z.set_gradient_sync(m + 1 == micro_batches);
       const std::size_t first = static_cast<std::size_t>(s) * batch + static_cast<std::size_t>(comm.rank()) * rows +
                                 static_cast<std::size_t>(m) * micro;
-      micro_batch(z, spec, first, micro, rows, how);
+      micro_batch(comm, z, spec, first, micro, rows, how);
     }
     z.step();
   }
