@@ -45,12 +45,15 @@
 #include "trident/optim/schedule.hpp"
 
 #include "trident/nn/activation.hpp"
+#include "trident/nn/attention.hpp"
 #include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
+#include "trident/nn/norm.hpp"
 
 #include "trident/parallel/data/zero_optimizer.hpp"
+#include "trident/parallel/tensor/block.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
 #include "trident/parallel/tensor/vocab.hpp"

@@ -17,6 +17,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
+#include "trident/parallel/tensor/block.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
 #include "trident/parallel/tensor/vocab.hpp"
@@ -266,6 +267,88 @@ void vocab_equals_serial(Comm& tp, std::uint64_t seed, std::size_t n = 7, std::s
     CHECK_THROWS_WITH_AS(tensor::vocab_parallel_embedding(tp, odd, hidden, "wte"), doctest::Contains(message.c_str()),
                          trident::usage_error);
   }
+}
+
+//! A pre-LayerNorm transformer block with t ranks equals the same block on one rank (the
+//! unsharded one: every collective over a group of one is the identity): the output and the
+//! input's and every parameter's gradient, within 1e-5 relative.
+template <class Comm>
+void block_equals_serial(Comm& tp, std::uint64_t seed) {
+  const tensor::block_config config{.seq = 4, .batch = 2, .hidden = 24, .heads = 12, .ffn = 48};
+  const int r = tp.rank();
+  auto alone = tp.split(r, 0);
+  const tensor::transformer_block serial(alone, config, "h0");
+  const tensor::transformer_block parallel(tp, config, "h0");
+  const std::size_t n = serial.rows(), h = config.hidden;
+
+  // The full parameters from the seed (norm weights near 1), and each one's part on this rank.
+  const auto specs = serial.parameters();
+  REQUIRE(specs.size() == tensor::block_tensors<float>::count);
+  std::vector<std::vector<float>> full, part;
+  std::uint64_t k = seed;
+  for (const auto& p : parallel.parameters()) {
+    auto v = random(p.split.numel(), ++k, 0.3f);
+    if (p.name.find(".ln") != std::string::npos && p.name.find("weight") != std::string::npos)
+      for (auto& e : v) e += 1.0f;
+    part.push_back(part_of(p.split, r, v));
+    full.push_back(std::move(v));
+  }
+  auto spans = [](std::vector<std::vector<float>>& vs) {
+    std::array<std::span<float>, tensor::block_tensors<float>::count> s;
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = vs[i];
+    return s;
+  };
+  auto const_spans = [](const std::vector<std::vector<float>>& vs) {
+    std::array<std::span<const float>, tensor::block_tensors<const float>::count> s;
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = vs[i];
+    return s;
+  };
+  auto zeros_like = [](const std::vector<std::vector<float>>& vs) {
+    std::vector<std::vector<float>> z;
+    for (const auto& v : vs) z.emplace_back(v.size(), 0.0f);
+    return z;
+  };
+  const auto x = random(n * h, seed + 100), dy = random(n * h, seed + 101);
+
+  std::vector<float> y_ref(n * h), dx_ref(n * h);
+  auto grads_ref = zeros_like(full);
+  auto saved_ref = serial.make_activations();
+  serial.forward(alone, tensor::block_tensors<const float>::from(const_spans(full)), x, y_ref, saved_ref);
+  serial.backward(alone, tensor::block_tensors<const float>::from(const_spans(full)), saved_ref, dy, dx_ref,
+                  tensor::block_tensors<float>::from(spans(grads_ref)));
+
+  std::vector<float> y(n * h), dx(n * h);
+  auto grads = zeros_like(part);
+  auto saved = parallel.make_activations();
+  parallel.forward(tp, tensor::block_tensors<const float>::from(const_spans(part)), x, y, saved);
+  parallel.backward(tp, tensor::block_tensors<const float>::from(const_spans(part)), saved, dy, dx,
+                    tensor::block_tensors<float>::from(spans(grads)));
+
+  INFO("transformer block on rank ", r, " of ", tp.size());
+  CHECK(relative_error(y, y_ref) <= 1e-5);
+  CHECK(relative_error(dx, dx_ref) <= 1e-5);
+  const auto params = parallel.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].name);
+    CHECK(relative_error(grads[i], part_of(params[i].split, r, grads_ref[i])) <= 1e-5);
+  }
+}
+
+//! Heads, MLP features or a fused weight that t does not divide are named as such.
+template <class Comm>
+void block_bad_shapes(Comm& tp) {
+  const int t = tp.size();
+  if (t < 2) return;
+  const std::string heads = "h0: " + std::to_string(2 * t + 1) + " attention heads do not divide over a tensor-parallel group of " +
+                            std::to_string(t);
+  const std::size_t hd = 2, odd_heads = 2 * static_cast<std::size_t>(t) + 1;
+  CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 2, .batch = 1, .hidden = odd_heads * hd, .heads = odd_heads}, "h0"),
+                       doctest::Contains(heads.c_str()), trident::usage_error);
+  const std::string ffn = "h0: the MLP's " + std::to_string(4 * t + 1) + " features do not divide";
+  CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 2, .batch = 1, .hidden = 4 * static_cast<std::size_t>(t),
+                                                      .heads = static_cast<std::size_t>(t), .ffn = 4 * static_cast<std::size_t>(t) + 1},
+                                                 "h0"),
+                       doctest::Contains(ffn.c_str()), trident::usage_error);
 }
 
 }  // namespace tensor_suite

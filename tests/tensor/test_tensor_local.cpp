@@ -2,6 +2,13 @@
 // layers (an MLP) equal to the unsharded ones for t = 1, 2, 3, 4 and on a (t = 2, d = 2) grid.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
 #include "tensor/tensor_suite.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/process_grid.hpp"
@@ -30,4 +37,101 @@ TEST_CASE("tensor-parallel layers: shapes that do not fit the group are usage er
 
 TEST_CASE("vocabulary-parallel embedding and cross-entropy = the unsharded ones (threads, t = 1..4)") {
   for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::vocab_equals_serial(tp, 21); });
+}
+
+TEST_CASE("tensor-parallel transformer block = the unsharded block (threads, t = 1, 2, 3, 4)") {
+  for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_equals_serial(tp, 300); });
+  local_world::run(4, [](local_comm& world) {
+    trident::process_grid grid(world, 2, 1);
+    tensor_suite::block_equals_serial(grid.tensor(), 400 + static_cast<std::uint64_t>(grid.coordinate(trident::grid_axis::data)));
+  });
+}
+
+TEST_CASE("transformer block: heads and features that t does not divide are named (threads)") {
+  for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
+}
+
+namespace {
+
+// Central differences of L = sum(out * weights) against the analytic gradient at `samples`
+// coordinates of `at`: what shows that a backward is the forward's derivative (the block's
+// equivalence tests compare t ranks with one, so they could not see a wrong formula).
+template <class Loss>
+double finite_difference_error(std::vector<float>& at, const std::vector<float>& analytic, Loss&& loss, std::size_t samples) {
+  double worst = 0, scale = 0;
+  for (float g : analytic) scale = std::max(scale, std::abs(static_cast<double>(g)));
+  for (std::size_t s = 0; s < samples; ++s) {
+    const std::size_t i = (s * 7919) % at.size();
+    const float keep = at[i];
+    const float e = 1e-2f;
+    at[i] = keep + e;
+    const double plus = loss();
+    at[i] = keep - e;
+    const double minus = loss();
+    at[i] = keep;
+    worst = std::max(worst, std::abs((plus - minus) / (2.0 * e) - analytic[i]));
+  }
+  return worst / std::max(scale, 1e-3);
+}
+
+}  // namespace
+
+TEST_CASE("transformer block and RMSNorm: backward = the forward's finite differences (one rank)") {
+  local_world::run(1, [](local_comm& tp) {
+    const trident::tensor::block_config config{.seq = 3, .batch = 2, .hidden = 8, .heads = 2, .ffn = 16};
+    const trident::tensor::transformer_block blk(tp, config, "b");
+    const std::size_t n = blk.rows(), h = config.hidden;
+    std::vector<std::vector<float>> w;
+    std::uint64_t k = 50;
+    for (const auto& p : blk.parameters()) {
+      auto v = tensor_suite::random(p.split.numel(), ++k, 0.5f);
+      if (p.name.find(".ln") != std::string::npos && p.name.find("weight") != std::string::npos)
+        for (auto& e : v) e += 1.0f;
+      w.push_back(std::move(v));
+    }
+    auto x = tensor_suite::random(n * h, 60), weights = tensor_suite::random(n * h, 61);
+    auto view = [&] {
+      std::array<std::span<const float>, 12> s;
+      for (std::size_t i = 0; i < 12; ++i) s[i] = w[i];
+      return trident::tensor::block_tensors<const float>::from(s);
+    };
+    auto saved = blk.make_activations();
+    auto loss = [&] {
+      std::vector<float> y(n * h);
+      blk.forward(tp, view(), x, y, saved);
+      double l = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) l += static_cast<double>(y[i]) * weights[i];
+      return l;
+    };
+    std::vector<float> y(n * h), dx(n * h);
+    std::vector<std::vector<float>> g;
+    for (const auto& v : w) g.emplace_back(v.size(), 0.0f);
+    std::array<std::span<float>, 12> gs;
+    for (std::size_t i = 0; i < 12; ++i) gs[i] = g[i];
+    blk.forward(tp, view(), x, y, saved);
+    blk.backward(tp, view(), saved, weights, dx, trident::tensor::block_tensors<float>::from(gs));
+    CHECK(finite_difference_error(x, dx, loss, 24) <= 1e-2);
+    const auto params = blk.parameters();
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      INFO(params[i].name);
+      CHECK(finite_difference_error(w[i], g[i], loss, 12) <= 1e-2);
+    }
+
+    // RMSNorm is not in the block: on its own.
+    const trident::nn::rms_norm norm{h, 1e-6f};
+    auto gamma = tensor_suite::random(h, 70, 0.5f);
+    for (auto& e : gamma) e += 1.0f;
+    std::vector<float> out(n * h), rrms(n), dnx(n * h), dgamma(h, 0.0f);
+    auto norm_loss = [&] {
+      std::vector<float> o(n * h), r(n);
+      norm.forward(n, x, gamma, o, r);
+      double l = 0;
+      for (std::size_t i = 0; i < o.size(); ++i) l += static_cast<double>(o[i]) * weights[i];
+      return l;
+    };
+    norm.forward(n, x, gamma, out, rrms);
+    norm.backward(n, x, gamma, rrms, weights, dnx, dgamma);
+    CHECK(finite_difference_error(x, dnx, norm_loss, 24) <= 1e-2);
+    CHECK(finite_difference_error(gamma, dgamma, norm_loss, 8) <= 1e-2);
+  });
 }

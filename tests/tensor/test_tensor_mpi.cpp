@@ -21,6 +21,14 @@ TEST_CASE("vocabulary-parallel embedding and cross-entropy over MPI") {
   tensor_suite::vocab_equals_serial(test_support::mpi_world(), 21);
 }
 
+TEST_CASE("tensor-parallel transformer block = the unsharded block over MPI (t = 4, and t = 2 on a grid)") {
+  auto& world = test_support::mpi_world();
+  tensor_suite::block_equals_serial(world, 300);
+  trident::process_grid grid(world, 2, 1);
+  tensor_suite::block_equals_serial(grid.tensor(), 400 + static_cast<std::uint64_t>(grid.coordinate(trident::grid_axis::data)));
+  tensor_suite::block_bad_shapes(world);
+}
+
 TEST_CASE("tensor-parallel layers: bad shapes over MPI") { tensor_suite::bad_shapes(test_support::mpi_world()); }
 
 int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }

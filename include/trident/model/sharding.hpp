@@ -205,6 +205,9 @@ class sharding {
 namespace detail {
 template <class F>
 void for_each_run(const sharding& s, int part, F&& f) {
+  // A replicated array is whole on every rank, whatever its index in the group.
+  TRIDENT_EXPECT(part >= 0, "take_part/put_part: part ", part, " is negative");
+  if (!s.is_split()) part = 0;
   // One run of real elements per outer index: (global offset, local offset, length).
   const index_range own = s.owned(part);
   const std::size_t inner = s.inner(), e = s.extent(), pe = s.part_extent();
@@ -216,7 +219,8 @@ void for_each_run(const sharding& s, int part, F&& f) {
 
 //! Copies part `part` of a global row-major array into `local` (local_numel() elements; its
 //! padding is zeroed): how a tensor-parallel rank takes its shard of weights generated whole,
-//! so that the same seed gives the same model whatever the number of parts.
+//! so that the same seed gives the same model whatever the number of parts. `part` is the
+//! rank in the group; a replicated array is whole for every rank.
 //!
 //!   auto w = trident::sharding::split_exact({out, in}, 1, t, "fc2.weight");   // row-parallel: columns
 //!   std::vector<float> mine(w.local_numel());

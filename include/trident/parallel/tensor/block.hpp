@@ -1,0 +1,220 @@
+#pragma once
+// A pre-LayerNorm transformer block (GPT-2's) with Megatron-LM's tensor parallelism, on the host:
+//
+//   x -> LayerNorm -> f -> QKV (column-parallel, heads split) -> causal attention on this rank's
+//     heads -> output projection (row-parallel) -> g -> + x = m
+//   m -> LayerNorm -> f -> fc1 (column-parallel) -> GELU -> fc2 (row-parallel) -> g -> + m = y
+//
+// Per block and step: two all-reduces forward (the g's) and two backward (the f's, each
+// overlapped with its weight-gradient GEMM), of [seq x batch, hidden] each. The norms and
+// residuals run on every rank on the whole sequence, so their parameters' gradients come out
+// the same on every rank and need no reduction.
+//
+//   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps
+//   template <class T> struct block_tensors   one span per parameter, in parameters() order
+//   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads)
+//
+// Layouts: activations are sequence-major rows ([seq, batch, hidden]: row i * batch + b). The
+// fused QKV weight [3 x hidden, hidden] orders its rows by (head, q/k/v, head_dim), so that a
+// split of its rows into t parts gives each rank whole heads (nn/attention.hpp). Parameters
+// are shapes and shardings (parameters()): generate them whole and take each rank's part with
+// take_part, so one seed gives one model whatever t is; a zero_optimizer over the data axis
+// can hold the local parts (their local shapes). Heads or ffn that t does not divide are a
+// usage_error naming the sizes.
+//
+//   trident::tensor::transformer_block blk(tp, {.seq = 8, .batch = 2, .hidden = 64, .heads = 4});
+//   auto saved = blk.make_activations();
+//   blk.forward(tp, weights, x, y, saved);
+//   blk.backward(tp, weights, saved, dy, dx, grads);     // grads accumulate (+=)
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/core/error.hpp"
+#include "trident/model/sharding.hpp"
+#include "trident/nn/activation.hpp"
+#include "trident/nn/attention.hpp"
+#include "trident/nn/norm.hpp"
+#include "trident/parallel/tensor/linear.hpp"
+
+namespace trident::tensor {
+
+struct block_config {
+  std::size_t seq = 0;
+  std::size_t batch = 0;
+  std::size_t hidden = 0;
+  std::size_t heads = 0;
+  std::size_t ffn = 0;  // 0: 4 x hidden
+  float eps = 1e-5f;
+};
+
+//! The block's parameters (or their gradients), one span each, this rank's parts.
+template <class T>
+struct block_tensors {
+  std::span<T> ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
+  std::span<T> ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  static constexpr std::size_t count = 12;
+  //! In parameters() order.
+  std::array<std::span<T>, count> all() const {
+    return {ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias,
+            ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias};
+  }
+  //! From spans in parameters() order.
+  static block_tensors from(const std::array<std::span<T>, count>& s) {
+    return {s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11]};
+  }
+};
+
+//! What forward keeps for backward (allocated once by make_activations, reused every step).
+struct block_activations {
+  std::vector<float> x;                    // the block's input
+  std::vector<float> ln1_mean, ln1_rstd, ln1_out;
+  std::vector<float> qkv, probs, attn;     // this rank's heads
+  std::vector<float> mid;                  // x + attention's output
+  std::vector<float> ln2_mean, ln2_rstd, ln2_out;
+  std::vector<float> fc1_out, gelu_out;    // this rank's ffn features
+};
+
+class transformer_block {
+ public:
+  //! One parameter: its name, global shape and how it is split over the tensor group.
+  struct parameter {
+    std::string name;
+    sharding split;
+  };
+
+  template <communicator Comm>
+  transformer_block(const Comm& tp, block_config c, std::string name = "block")
+      : name_(std::move(name)), c_(validated(c, tp.size(), name_)), parts_(tp.size()),
+        qkv_(tp, c_.hidden, 3 * c_.hidden, name_ + ".attn.qkv"), proj_(tp, c_.hidden, c_.hidden, name_ + ".attn.proj"),
+        fc1_(tp, c_.hidden, c_.ffn, name_ + ".mlp.fc1"), fc2_(tp, c_.ffn, c_.hidden, name_ + ".mlp.fc2") {
+    detail::require_host_comm<Comm>();
+    local_heads_ = c_.heads / static_cast<std::size_t>(parts_);
+  }
+
+  const block_config& config() const noexcept { return c_; }
+  std::size_t rows() const noexcept { return c_.seq * c_.batch; }
+  std::size_t local_heads() const noexcept { return local_heads_; }
+
+  //! Every parameter in a fixed order (block_tensors' order), with its sharding.
+  std::vector<parameter> parameters() const {
+    const auto h = c_.hidden;
+    return {{name_ + ".ln1.weight", sharding::replicated({h})},  {name_ + ".ln1.bias", sharding::replicated({h})},
+            {name_ + ".attn.qkv.weight", qkv_.weight_sharding()}, {name_ + ".attn.qkv.bias", qkv_.bias_sharding()},
+            {name_ + ".attn.proj.weight", proj_.weight_sharding()}, {name_ + ".attn.proj.bias", proj_.bias_sharding()},
+            {name_ + ".ln2.weight", sharding::replicated({h})},  {name_ + ".ln2.bias", sharding::replicated({h})},
+            {name_ + ".mlp.fc1.weight", fc1_.weight_sharding()},  {name_ + ".mlp.fc1.bias", fc1_.bias_sharding()},
+            {name_ + ".mlp.fc2.weight", fc2_.weight_sharding()},  {name_ + ".mlp.fc2.bias", fc2_.bias_sharding()}};
+  }
+
+  block_activations make_activations() const {
+    const std::size_t n = rows(), h = c_.hidden, lh = local_heads_ * head_dim();
+    block_activations a;
+    a.x.resize(n * h);
+    a.ln1_mean.resize(n);
+    a.ln1_rstd.resize(n);
+    a.ln1_out.resize(n * h);
+    a.qkv.resize(n * 3 * lh);
+    a.probs.resize(attention().probs_size());
+    a.attn.resize(n * lh);
+    a.mid.resize(n * h);
+    a.ln2_mean.resize(n);
+    a.ln2_rstd.resize(n);
+    a.ln2_out.resize(n * h);
+    a.fc1_out.resize(n * fc1_.local_out_features());
+    a.gelu_out.resize(n * fc1_.local_out_features());
+    return a;
+  }
+
+  //! y [seq x batch, hidden] from x; the same on every rank of the group.
+  template <communicator Comm>
+  void forward(Comm& tp, const block_tensors<const float>& w, std::span<const float> x, std::span<float> y,
+               block_activations& s) const {
+    detail::require_host_comm<Comm>();
+    detail::check_group(name_, "forward", tp, parts_);
+    const std::size_t n = rows(), h = c_.hidden;
+    TRIDENT_EXPECT(x.size() == n * h && y.size() == n * h, name_, ".forward: x and y must be [seq x batch=", n, ", hidden=", h,
+                   "] = ", n * h, " elements; got ", x.size(), " and ", y.size());
+    check_activations(s);
+    const nn::layer_norm ln{h, c_.eps};
+    s.x.assign(x.begin(), x.end());
+    ln.forward(n, x, w.ln1_weight, w.ln1_bias, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+    qkv_.forward(tp, n, s.ln1_out, w.qkv_weight, w.qkv_bias, s.qkv);
+    attention().forward(s.qkv, s.attn, s.probs);
+    proj_.forward(tp, n, s.attn, w.proj_weight, w.proj_bias, s.mid);  // summed over the group (g)
+    for (std::size_t i = 0; i < n * h; ++i) s.mid[i] += x[i];
+    ln.forward(n, s.mid, w.ln2_weight, w.ln2_bias, s.ln2_out, s.ln2_mean, s.ln2_rstd);
+    fc1_.forward(tp, n, s.ln2_out, w.fc1_weight, w.fc1_bias, s.fc1_out);
+    nn::gelu::forward(s.fc1_out, s.gelu_out);
+    fc2_.forward(tp, n, s.gelu_out, w.fc2_weight, w.fc2_bias, y);
+    for (std::size_t i = 0; i < n * h; ++i) y[i] += s.mid[i];
+  }
+
+  //! dx (overwritten) from dy, both [seq x batch, hidden] and the same on every rank; the
+  //! parameters' gradients (this rank's parts) accumulate (+=).
+  template <communicator Comm>
+  void backward(Comm& tp, const block_tensors<const float>& w, const block_activations& s, std::span<const float> dy,
+                std::span<float> dx, const block_tensors<float>& g) const {
+    detail::require_host_comm<Comm>();
+    detail::check_group(name_, "backward", tp, parts_);
+    const std::size_t n = rows(), h = c_.hidden;
+    TRIDENT_EXPECT(dy.size() == n * h && dx.size() == n * h, name_, ".backward: dy and dx must be [seq x batch=", n,
+                   ", hidden=", h, "] = ", n * h, " elements; got ", dy.size(), " and ", dx.size());
+    check_activations(s);
+    const nn::layer_norm ln{h, c_.eps};
+    // MLP: y = mid + fc2(gelu(fc1(ln2(mid)))).
+    std::vector<float> d_gelu(s.gelu_out.size()), d_fc1(s.fc1_out.size()), d_ln2(n * h), d_mid(dy.begin(), dy.end());
+    fc2_.backward(tp, n, s.gelu_out, w.fc2_weight, dy, d_gelu, g.fc2_weight, g.fc2_bias);
+    nn::gelu::backward(s.fc1_out, d_gelu, d_fc1);
+    fc1_.backward(tp, n, s.ln2_out, w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // summed (f)
+    std::vector<float> d_norm(n * h);
+    ln.backward(n, s.mid, w.ln2_weight, s.ln2_mean, s.ln2_rstd, d_ln2, d_norm, g.ln2_weight, g.ln2_bias);
+    for (std::size_t i = 0; i < n * h; ++i) d_mid[i] += d_norm[i];
+    // Attention: mid = x + proj(attn(qkv(ln1(x)))).
+    std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(n * h);
+    proj_.backward(tp, n, s.attn, w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
+    attention().backward(s.qkv, s.probs, d_attn, d_qkv);
+    qkv_.backward(tp, n, s.ln1_out, w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
+    ln.backward(n, s.x, w.ln1_weight, s.ln1_mean, s.ln1_rstd, d_ln1, dx, g.ln1_weight, g.ln1_bias);
+    for (std::size_t i = 0; i < n * h; ++i) dx[i] += d_mid[i];
+  }
+
+ private:
+  // Before the layers are built, so that a bad size is named as what it is (heads, not the
+  // rows of a fused weight).
+  static block_config validated(block_config c, int parts, const std::string& name) {
+    if (c.ffn == 0) c.ffn = 4 * c.hidden;
+    const auto t = static_cast<std::size_t>(parts);
+    TRIDENT_EXPECT(c.seq > 0 && c.batch > 0 && c.hidden > 0, name, ": expected non-zero seq, batch and hidden, got ", c.seq, ", ",
+                   c.batch, ", ", c.hidden);
+    TRIDENT_EXPECT(c.heads > 0 && c.hidden % c.heads == 0, name, ": hidden size ", c.hidden, " does not divide into ", c.heads,
+                   " heads");
+    TRIDENT_EXPECT(c.heads % t == 0, name, ": ", c.heads, " attention heads do not divide over a tensor-parallel group of ",
+                   parts, "; expected the heads to be a multiple of t");
+    TRIDENT_EXPECT(c.ffn % t == 0, name, ": the MLP's ", c.ffn, " features do not divide over a tensor-parallel group of ",
+                   parts, "; expected a multiple of t");
+    return c;
+  }
+  std::size_t head_dim() const noexcept { return c_.hidden / c_.heads; }
+  nn::causal_attention attention() const { return {c_.seq, c_.batch, local_heads_, head_dim()}; }
+  void check_activations(const block_activations& s) const {
+    TRIDENT_EXPECT(s.probs.size() == attention().probs_size() && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
+                       s.fc1_out.size() == rows() * fc1_.local_out_features(),
+                   name_, ": the saved activations are not this block's; expected make_activations() of the same block");
+  }
+
+  std::string name_;
+  block_config c_;
+  int parts_;
+  column_parallel_linear qkv_;
+  row_parallel_linear proj_;
+  column_parallel_linear fc1_;
+  row_parallel_linear fc2_;
+  std::size_t local_heads_ = 0;
+};
+
+}  // namespace trident::tensor
