@@ -135,3 +135,10 @@ TEST_CASE("transformer block and RMSNorm: backward = the forward's finite differ
     CHECK(finite_difference_error(gamma, dgamma, norm_loss, 8) <= 1e-2);
   });
 }
+
+#include "tensor/zero_suite.hpp"
+
+TEST_CASE("two tensor-parallel blocks with ZeRO-1 and ZeRO-3 on a (t = 2, d = 2) grid, clipping on = one rank, 20 steps") {
+  local_world::run(4, [](local_comm& world) { tensor_zero_suite::zero_equals_serial<1>(world, 2); });
+  local_world::run(4, [](local_comm& world) { tensor_zero_suite::zero_equals_serial<3>(world, 2); });
+}

@@ -5,6 +5,7 @@
 
 #include "support/mpi_main.hpp"
 #include "tensor/tensor_suite.hpp"
+#include "tensor/zero_suite.hpp"
 #include "trident/comm/mpi.hpp"
 #include "trident/comm/process_grid.hpp"
 
@@ -27,6 +28,11 @@ TEST_CASE("tensor-parallel transformer block = the unsharded block over MPI (t =
   trident::process_grid grid(world, 2, 1);
   tensor_suite::block_equals_serial(grid.tensor(), 400 + static_cast<std::uint64_t>(grid.coordinate(trident::grid_axis::data)));
   tensor_suite::block_bad_shapes(world);
+}
+
+TEST_CASE("two tensor-parallel blocks with ZeRO-1 and ZeRO-3 on a (t = 2, d = 2) MPI grid, clipping on = one rank") {
+  tensor_zero_suite::zero_equals_serial<1>(test_support::mpi_world(), 2);
+  tensor_zero_suite::zero_equals_serial<3>(test_support::mpi_world(), 2);
 }
 
 TEST_CASE("tensor-parallel layers: bad shapes over MPI") { tensor_suite::bad_shapes(test_support::mpi_world()); }

@@ -35,11 +35,20 @@
 
 namespace trident {
 
+//! How a tensor of one rank's model relates to the other ranks of its model-parallel group
+//! (tensor parallelism): a `shard` is this rank's own part (a column-parallel weight), a
+//! `replica` holds the same values on every rank of the group (a LayerNorm, a row-parallel
+//! bias). The global gradient norm counts shards on every rank and replicas once, as
+//! Megatron-LM's clipping does. Without model parallelism every tensor is its own shard.
+enum class model_copy { shard, replica };
+
 //! The parameters of a model: name, shape and the layer that uses them (layers are numbered in
-//! forward order; ZeRO-3 gathers parameters layer by layer, and buckets never split a layer).
+//! forward order; ZeRO-3 gathers parameters layer by layer, and buckets never split a layer),
+//! and, under tensor parallelism, whether this rank's tensor is a shard or a replica.
 //!
 //!   trident::model_spec spec;
 //!   spec.add("fc1.weight", {256, 784}, 0).add("fc1.bias", {256}, 0).add("fc2.weight", {10, 256}, 1);
+//!   spec.add("ln.weight", {768}, 2, trident::model_copy::replica);
 class model_spec {
  public:
   struct tensor {
@@ -47,9 +56,10 @@ class model_spec {
     std::vector<std::size_t> shape;
     int layer;
     std::size_t numel;
+    model_copy copy = model_copy::shard;
   };
 
-  model_spec& add(std::string name, std::vector<std::size_t> shape, int layer) {
+  model_spec& add(std::string name, std::vector<std::size_t> shape, int layer, model_copy copy = model_copy::shard) {
     TRIDENT_EXPECT(!name.empty(), "model_spec::add: a tensor needs a name");
     TRIDENT_EXPECT(layer >= 0, "model_spec::add(", name, "): layer ", layer, " must be >= 0");
     TRIDENT_EXPECT(tensors_.empty() || layer >= tensors_.back().layer, "model_spec::add(", name, "): layer ", layer,
@@ -58,7 +68,7 @@ class model_spec {
     std::size_t n = 1;
     for (std::size_t d : shape) n *= d;
     TRIDENT_EXPECT(n > 0, "model_spec::add(", name, "): the shape has no elements");
-    tensors_.push_back({std::move(name), std::move(shape), layer, n});
+    tensors_.push_back({std::move(name), std::move(shape), layer, n, copy});
     return *this;
   }
   const std::vector<tensor>& tensors() const noexcept { return tensors_; }

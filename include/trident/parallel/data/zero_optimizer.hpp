@@ -97,6 +97,13 @@
 // does it). Whatever still fails in the destructor goes to zero_options::on_destructor_error
 // (default: one line on stderr), never nowhere.
 //
+// Model parallelism: constructed with a second, model-parallel communicator (the tensor axis of
+// a process_grid), the optimizer holds this rank's part of a tensor-parallel model; the global
+// norm counts each shard on every rank and each replica (model_copy::replica) once, and the
+// overflow decision is the grid's (one all-reduce of three doubles over that group per step).
+// Two tensor-parallel blocks trained this way on a (t = 2, d = 2) grid equal one rank's
+// training (tests/tensor, ZeRO-1 and ZeRO-3, clipping on).
+//
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
 // stage reduces each bucket with the same summation order and updates the same elements with
@@ -237,7 +244,26 @@ class zero_optimizer {
   static constexpr bool has_master = Precision::has_master;
 
   zero_optimizer(Comm& dp, const model_spec& spec, Opt optimizer, zero_options options = {}, scaler_type scaler = {})
-      : comm_(&dp), opt_(std::move(optimizer)), options_(validated(std::move(options))), scaler_(scaler),
+      : zero_optimizer(dp, nullptr, spec, std::move(optimizer), std::move(options), scaler) {}
+
+  //! The same for a model split over a model-parallel group as well (the tensor axis of a
+  //! process_grid): `dp` holds the ranks with the same part of the model, `model_parallel` the
+  //! ranks holding the other parts. The model_spec is this rank's part (local shapes), each
+  //! tensor marked a shard or a replica (model_copy); the global gradient norm sums every
+  //! shard over the model-parallel group and counts each replica once (Megatron-LM's clipping),
+  //! and the skip-on-overflow decision is the whole grid's: one more all-reduce of three
+  //! doubles per step, over `model_parallel`. Every rank of the grid must call step() together.
+  //!
+  //!   trident::process_grid grid(world, /*tensor=*/2, /*pipeline=*/1);
+  //!   zero_optimizer<1, optim::adamw, local_comm> zero(grid.data(), grid.tensor(), spec, adamw, options);
+  zero_optimizer(Comm& dp, Comm& model_parallel, const model_spec& spec, Opt optimizer, zero_options options = {},
+                 scaler_type scaler = {})
+      : zero_optimizer(dp, &model_parallel, spec, std::move(optimizer), std::move(options), scaler) {}
+
+ private:
+  zero_optimizer(Comm& dp, Comm* model_parallel, const model_spec& spec, Opt optimizer, zero_options options, scaler_type scaler)
+      : comm_(&dp), model_parallel_(model_parallel), opt_(std::move(optimizer)), options_(validated(std::move(options))),
+        scaler_(scaler),
         layout_(spec, dp.size(), options_.bucket_bytes / sizeof(half_type), options_.first_bucket_bytes / sizeof(half_type)),
         rank_(dp.rank()) {
     check_hyperparameters(1, "zero_optimizer");
@@ -249,13 +275,15 @@ class zero_optimizer {
     for (auto& s : states_) s = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::optimizer_state);
     // step()'s all-gather of every rank's report, charged to the ledger current now.
     reports_ = buffer<double, space>(report_fields * static_cast<std::size_t>(dp.size()), mem_category::communication);
-    // The gradient statistics of step(): a slot per bucket and the engine's scratch for the
-    // largest piece, allocated once (on CUDA a step allocates nothing for them, nor waits per bucket).
-    bucket_sums_ = buffer<double, space>(layout_.buckets().size(), mem_category::communication);
+    // The gradient statistics of step(): a slot per counted range of this rank's pieces (one
+    // per bucket, unless replicas are left out) and the engine's scratch for the largest,
+    // allocated once (on CUDA a step allocates nothing for them, nor waits per bucket).
+    stat_ranges_ = counted_ranges(spec);
+    bucket_sums_ = buffer<double, space>(stat_ranges_.size(), mem_category::communication);
     std::size_t scratch = 0;
-    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
-      scratch = std::max(scratch, engine<space>::stats_scratch(layout_.piece_size(b)));
+    for (const auto& r : stat_ranges_) scratch = std::max(scratch, engine<space>::stats_scratch(r.length));
     stats_scratch_ = buffer<double, space>(scratch, mem_category::communication);
+    if (model_parallel_ != nullptr) model_report_ = buffer<double, space>(3, mem_category::communication);
     const std::size_t nb = layout_.buckets().size();
     layer_ready_.assign(static_cast<std::size_t>(layout_.layers()), false);
     with_tensors_.assign(nb, 0);
@@ -275,6 +303,7 @@ class zero_optimizer {
     pending_gather_.resize(nb);
   }
 
+ public:
   zero_optimizer(const zero_optimizer&) = delete;
   zero_optimizer& operator=(const zero_optimizer&) = delete;
   ~zero_optimizer() {
@@ -466,18 +495,21 @@ class zero_optimizer {
     // stage) into this rank's report where it stands, on the communicator's stream; then every
     // rank's report, in one all-gather, read back once: the step's one host wait.
     const float unscale = static_cast<float>(1.0 / scaler_.scale());
-    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
-      engine<space>::stats_into(*comm_, grad_piece(b), layout_.piece_size(b), unscale, bucket_sums_.data() + b,
+    for (std::size_t i = 0; i < stat_ranges_.size(); ++i) {
+      const auto& r = stat_ranges_[i];
+      engine<space>::stats_into(*comm_, grad_piece(r.bucket) + r.offset, r.length, unscale, bucket_sums_.data() + i,
                                 stats_scratch_.data(), stats_scratch_.size());
+    }
     engine<space>::total_into(*comm_, bucket_sums_.data(), bucket_sums_.size(), report_of_this_rank());
     const auto reports = guarded("step", [&] { return exchange_reports(); });
-    check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
     double norm_squared = 0;
     bool overflow = false;
     for (std::size_t r = 0; r < static_cast<std::size_t>(comm_->size()); ++r) {
       norm_squared += reports[r * report_fields + 0];  // in rank order: the same sum on every rank
       overflow = overflow || reports[r * report_fields + 1] != 0;
     }
+    if (model_parallel_ != nullptr) agree_across_model(reports, norm_squared, overflow);
+    check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
     const double norm = std::sqrt(norm_squared);
     const bool applied = scaler_.update(overflow);
 
@@ -827,6 +859,68 @@ class zero_optimizer {
     upload(b, 0, nan.data(), nan.size());
   }
 
+  // ---- model parallelism: what counts in the norm, and the grid's decision --------------------
+
+  // A run of this rank's piece of a bucket whose gradients count in the global norm.
+  struct stat_range {
+    std::size_t bucket;
+    std::size_t offset;  // from the start of the piece
+    std::size_t length;
+  };
+
+  // The whole piece of every bucket, except, on model-parallel ranks other than 0, the
+  // replicas (the same gradients as rank 0's, which counts them): one range per bucket without
+  // model parallelism, so the sums are bitwise those of a plain data-parallel run.
+  std::vector<stat_range> counted_ranges(const model_spec& spec) const {
+    const bool skip_replicas = model_parallel_ != nullptr && model_parallel_->rank() != 0;
+    std::vector<stat_range> ranges;
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const std::size_t begin = layout_.piece_begin(b, rank_), piece = layout_.piece_size(b);
+      std::vector<std::pair<std::size_t, std::size_t>> skipped;  // [lo, hi) in flat coordinates
+      if (skip_replicas)
+        for (const auto& t : spec.tensors()) {
+          if (t.copy != model_copy::replica) continue;
+          const auto& p = layout_.find(t.name);
+          const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, begin + piece);
+          if (p.bucket == b && lo < hi) skipped.emplace_back(lo, hi);
+        }
+      std::sort(skipped.begin(), skipped.end());
+      std::size_t at = begin;
+      for (const auto& [lo, hi] : skipped) {
+        if (lo > at) ranges.push_back({b, at - begin, lo - at});
+        at = std::max(at, hi);
+      }
+      if (at < begin + piece) ranges.push_back({b, at - begin, begin + piece - at});
+    }
+    return ranges;
+  }
+
+  // Sums the norm and ORs the overflow over the model-parallel group, so every rank of the grid
+  // takes the same decision; and since a misuse is named only by the data-parallel group that
+  // made it, the others learn of it here and throw too, so that no rank goes on alone.
+  void agree_across_model(const std::vector<double>& reports, double& norm_squared, bool& overflow) {
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    bool problem = false;
+    for (std::size_t r = 0; r < n; ++r)
+      problem = problem || reports[r * report_fields + 4] != 0 || reports[r * report_fields + 2] != reports[2] ||
+                reports[r * report_fields + 3] != reports[3];
+    const double mine[3] = {norm_squared, overflow ? 1.0 : 0.0, problem ? 1.0 : 0.0};
+    upload(model_report_, 0, mine, 3);
+    guarded("step", [&] {
+      model_parallel_->all_reduce(model_report_, reduce_op::sum);
+      model_parallel_->synchronize();
+    });
+    const auto all = to_vector(model_report_);
+    if (!problem && all[2] != 0) {
+      discard_step();
+      throw usage_error(detail::concat("step on rank ", rank_, ": the data-parallel group of another model-parallel rank "
+                                       "found a misuse (its ranks' errors name it), so this step is skipped on every rank "
+                                       "of the grid. Nothing was applied"));
+    }
+    norm_squared = all[0];
+    overflow = all[1] != 0;
+  }
+
   // ---- ranks agree: step()'s all-gather of reports -------------------------------------------
 
   // Every bucket collective (reduction or stage-3 gather) this rank queued since the last step,
@@ -1166,6 +1260,7 @@ class zero_optimizer {
   }
 
   Comm* comm_;
+  Comm* model_parallel_ = nullptr;  // the ranks holding the other parts of the model, if any
   Opt opt_;
   zero_options options_;
   scaler_type scaler_;
@@ -1208,7 +1303,9 @@ class zero_optimizer {
   std::uint64_t collectives_ = 0, digest_ = fnv_basis;  // bucket collectives since the last step
   std::vector<std::uint64_t> sequence_;                 // the first recorded_collectives of them
   buffer<double, space> reports_;                        // step()'s all-gather: report_fields per rank
-  buffer<double, space> bucket_sums_;                    // step(): each bucket's sum of squares
+  std::vector<stat_range> stat_ranges_;                  // step(): what counts in the norm
+  buffer<double, space> bucket_sums_;                    // step(): each counted range's sum of squares
+  buffer<double, space> model_report_;                   // step(): norm, overflow, misuse over the model group
   buffer<double, space> stats_scratch_;                  // step(): the engine's scratch for them
 };
 

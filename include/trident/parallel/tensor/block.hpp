@@ -35,6 +35,7 @@
 
 #include "trident/comm/communicator.hpp"
 #include "trident/core/error.hpp"
+#include "trident/model/flat_layout.hpp"
 #include "trident/model/sharding.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
@@ -109,6 +110,14 @@ class transformer_block {
             {name_ + ".ln2.weight", sharding::replicated({h})},  {name_ + ".ln2.bias", sharding::replicated({h})},
             {name_ + ".mlp.fc1.weight", fc1_.weight_sharding()},  {name_ + ".mlp.fc1.bias", fc1_.bias_sharding()},
             {name_ + ".mlp.fc2.weight", fc2_.weight_sharding()},  {name_ + ".mlp.fc2.bias", fc2_.bias_sharding()}};
+  }
+
+  //! Adds this rank's parameters (local shapes) to a model_spec, all on `layer`, the shards
+  //! marked as such and the replicas (norms, row-parallel biases) as replicas, which is what a
+  //! zero_optimizer over the data axis needs to count each parameter once in the global norm.
+  void add_parameters(model_spec& spec, int layer) const {
+    for (const auto& p : parameters())
+      spec.add(p.name, p.split.local_shape(), layer, p.split.is_split() ? model_copy::shard : model_copy::replica);
   }
 
   block_activations make_activations() const {
