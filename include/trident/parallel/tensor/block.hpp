@@ -98,6 +98,12 @@ class transformer_block {
   }
 
   const block_config& config() const noexcept { return c_; }
+  //! Whether backward overlaps each input-gradient all-reduce with its weight-gradient GEMM
+  //! (on by default; the results are the same either way).
+  void set_overlap(bool on) noexcept {
+    qkv_.overlap = on;
+    fc1_.overlap = on;
+  }
   std::size_t rows() const noexcept { return c_.seq * c_.batch; }
   std::size_t local_heads() const noexcept { return local_heads_; }
 

@@ -1,0 +1,90 @@
+// One tensor-parallel transformer block's step (forward + backward) on thread ranks: t = 1 and
+// t = 2, with the input gradient's all-reduce overlapped with the weight-gradient GEMM and
+// without, in one run, printed as a table (fmt). Ranks are threads of this process, so on a
+// machine with fewer cores than ranks they share cores; the figures say what the host layers
+// and the thread backend cost, not what a GPU would.
+//   ./tensor_block [seq] [batch] [hidden] [heads] [repeats]     (defaults 128 2 256 8 7)
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <span>
+#include <vector>
+
+#include "trident/comm/local.hpp"
+#include "trident/parallel/tensor/block.hpp"
+
+namespace {
+
+std::vector<float> filled(std::size_t n, std::uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  std::uint64_t s = seed;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = scale * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) - 0.5f);
+  }
+  return v;
+}
+
+// Median milliseconds of one forward + backward, measured on rank 0 between barriers.
+double step_ms(int t, const trident::tensor::block_config& c, bool overlap, int repeats) {
+  std::vector<double> times;
+  trident::local_world::run(t, [&](trident::local_comm& tp) {
+    trident::tensor::transformer_block block(tp, c, "b");
+    std::vector<std::vector<float>> w, g;
+    std::uint64_t seed = 1;
+    for (const auto& p : block.parameters()) {
+      w.push_back(filled(p.split.local_numel(), ++seed, 0.1f));
+      g.emplace_back(p.split.local_numel(), 0.0f);
+    }
+    std::array<std::span<const float>, 12> ws;
+    std::array<std::span<float>, 12> gs;
+    for (std::size_t i = 0; i < 12; ++i) {
+      ws[i] = w[i];
+      gs[i] = g[i];
+    }
+    const auto weights = trident::tensor::block_tensors<const float>::from(ws);
+    const auto grads = trident::tensor::block_tensors<float>::from(gs);
+    const std::size_t n = block.rows() * c.hidden;
+    const auto x = filled(n, 100, 1.0f), dy = filled(n, 101, 1.0f);
+    std::vector<float> y(n), dx(n);
+    auto saved = block.make_activations();
+    block.set_overlap(overlap);
+    for (int r = 0; r < repeats + 1; ++r) {  // the first is a warm-up
+      tp.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      block.forward(tp, weights, x, y, saved);
+      block.backward(tp, weights, saved, dy, dx, grads);
+      tp.barrier();
+      const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+      if (tp.rank() == 0 && r > 0) times.push_back(took.count());
+    }
+  });
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto arg = [&](int i, long fallback) { return argc > i ? std::atol(argv[i]) : fallback; };
+  trident::tensor::block_config c;
+  c.seq = static_cast<std::size_t>(arg(1, 128));
+  c.batch = static_cast<std::size_t>(arg(2, 2));
+  c.hidden = static_cast<std::size_t>(arg(3, 256));
+  c.heads = static_cast<std::size_t>(arg(4, 8));
+  const int repeats = static_cast<int>(arg(5, 7));
+  fmt::print("# transformer block step (forward + backward) on thread ranks: seq {} batch {} hidden {} heads {} ffn {}, "
+             "median of {}\n",
+             c.seq, c.batch, c.hidden, c.heads, 4 * c.hidden, repeats);
+  fmt::print("{:>3} {:>9} {:>12} {:>10}\n", "t", "overlap", "step (ms)", "vs t=1");
+  const double base = step_ms(1, c, true, repeats);
+  for (int t : {1, 2})
+    for (bool overlap : {true, false}) {
+      const double ms = t == 1 && overlap ? base : step_ms(t, c, overlap, repeats);
+      fmt::print("{:>3} {:>9} {:>12.2f} {:>9.2f}x\n", t, overlap ? "on" : "off", ms, base / ms);
+    }
+}
