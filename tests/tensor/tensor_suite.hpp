@@ -272,12 +272,15 @@ void vocab_equals_serial(Comm& tp, std::uint64_t seed, std::size_t n = 7, std::s
 //! A pre-LayerNorm transformer block with t ranks equals the same block on one rank (the
 //! unsharded one: every collective over a group of one is the identity): the output and the
 //! input's and every parameter's gradient, within 1e-5 relative.
+//! With sequence parallelism the parallel block takes and gives this rank's rows (seq / t
+//! positions) of x, y, dx and dy.
 template <class Comm>
-void block_equals_serial(Comm& tp, std::uint64_t seed) {
-  const tensor::block_config config{.seq = 4, .batch = 2, .hidden = 24, .heads = 12, .ffn = 48};
+void block_equals_serial(Comm& tp, std::uint64_t seed, bool sequence_parallel = false) {
+  tensor::block_config config{.seq = 12, .batch = 2, .hidden = 24, .heads = 12, .ffn = 48};
   const int r = tp.rank();
   auto alone = tp.split(r, 0);
   const tensor::transformer_block serial(alone, config, "h0");
+  config.sequence_parallel = sequence_parallel;
   const tensor::transformer_block parallel(tp, config, "h0");
   const std::size_t n = serial.rows(), h = config.hidden;
 
@@ -317,16 +320,23 @@ void block_equals_serial(Comm& tp, std::uint64_t seed) {
   serial.backward(alone, tensor::block_tensors<const float>::from(const_spans(full)), saved_ref, dy, dx_ref,
                   tensor::block_tensors<float>::from(spans(grads_ref)));
 
-  std::vector<float> y(n * h), dx(n * h);
+  // This rank's rows: all of them, or its sequence shard (rows are sequence-major).
+  const std::size_t m = parallel.local_rows(), first = sequence_parallel ? static_cast<std::size_t>(r) * m : 0;
+  auto rows_of = [&](const std::vector<float>& v) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(first * h),
+                              v.begin() + static_cast<std::ptrdiff_t>((first + m) * h));
+  };
+  const auto x_mine = rows_of(x), dy_mine = rows_of(dy);
+  std::vector<float> y(m * h), dx(m * h);
   auto grads = zeros_like(part);
   auto saved = parallel.make_activations();
-  parallel.forward(tp, tensor::block_tensors<const float>::from(const_spans(part)), x, y, saved);
-  parallel.backward(tp, tensor::block_tensors<const float>::from(const_spans(part)), saved, dy, dx,
+  parallel.forward(tp, tensor::block_tensors<const float>::from(const_spans(part)), x_mine, y, saved);
+  parallel.backward(tp, tensor::block_tensors<const float>::from(const_spans(part)), saved, dy_mine, dx,
                     tensor::block_tensors<float>::from(spans(grads)));
 
-  INFO("transformer block on rank ", r, " of ", tp.size());
-  CHECK(relative_error(y, y_ref) <= 1e-5);
-  CHECK(relative_error(dx, dx_ref) <= 1e-5);
+  INFO("transformer block on rank ", r, " of ", tp.size(), sequence_parallel ? ", sequence parallel" : "");
+  CHECK(relative_error(y, rows_of(y_ref)) <= 1e-5);
+  CHECK(relative_error(dx, rows_of(dx_ref)) <= 1e-5);
   const auto params = parallel.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     INFO(params[i].name);

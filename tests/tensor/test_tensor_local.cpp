@@ -47,6 +47,10 @@ TEST_CASE("tensor-parallel transformer block = the unsharded block (threads, t =
   });
 }
 
+TEST_CASE("sequence-parallel transformer block = the unsharded block (threads, t = 1, 2, 3, 4)") {
+  for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_equals_serial(tp, 500, true); });
+}
+
 TEST_CASE("transformer block: heads and features that t does not divide are named (threads)") {
   for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
 }

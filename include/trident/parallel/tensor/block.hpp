@@ -10,6 +10,13 @@
 // residuals run on every rank on the whole sequence, so their parameters' gradients come out
 // the same on every rank and need no reduction.
 //
+// With block_config::sequence_parallel (Korthikanti et al. 2022) the norms and residuals run
+// on this rank's seq / t positions instead: x, y, dx, dy are shards; f is an all-gather and g a
+// reduce-scatter (the same bytes as the all-reduces); forward keeps only its shard of each
+// norm's output and backward gathers it again for the weight gradients (their §4.2.2: two
+// all-gathers more, for memory divided by t); the norms' weight gradients are partial sums
+// over this rank's rows, all-reduced over the group (one call of 4 x hidden floats).
+//
 //   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps
 //   template <class T> struct block_tensors   one span per parameter, in parameters() order
 //   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads)
@@ -51,6 +58,10 @@ struct block_config {
   std::size_t heads = 0;
   std::size_t ffn = 0;  // 0: 4 x hidden
   float eps = 1e-5f;
+  //! Korthikanti et al.'s sequence parallelism: the norms and residuals run on this rank's
+  //! seq / t positions (x, y, dx, dy are [seq / t x batch, hidden] shards), f becomes an
+  //! all-gather and g a reduce-scatter; the norms' gradients are summed over the group.
+  bool sequence_parallel = false;
 };
 
 //! The block's parameters (or their gradients), one span each, this rank's parts.
@@ -78,6 +89,10 @@ struct block_activations {
   std::vector<float> mid;                  // x + attention's output
   std::vector<float> ln2_mean, ln2_rstd, ln2_out;
   std::vector<float> fc1_out, gelu_out;    // this rank's ffn features
+  // Sequence parallelism: where the norms' outputs are gathered and the partial products
+  // wait to be reduce-scattered ([seq x batch, hidden] each). Scratch: nothing in them is
+  // kept from forward to backward (the norms' outputs are gathered again there).
+  std::vector<float> gathered, partial;
 };
 
 class transformer_block {
@@ -105,6 +120,8 @@ class transformer_block {
     fc1_.overlap = on;
   }
   std::size_t rows() const noexcept { return c_.seq * c_.batch; }
+  //! The rows of x, y, dx and dy on this rank: rows(), or rows() / t with sequence parallelism.
+  std::size_t local_rows() const noexcept { return c_.sequence_parallel ? rows() / static_cast<std::size_t>(parts_) : rows(); }
   std::size_t local_heads() const noexcept { return local_heads_; }
 
   //! Every parameter in a fixed order (block_tensors' order), with its sharding.
@@ -127,21 +144,25 @@ class transformer_block {
   }
 
   block_activations make_activations() const {
-    const std::size_t n = rows(), h = c_.hidden, lh = local_heads_ * head_dim();
+    const std::size_t n = rows(), m = local_rows(), h = c_.hidden, lh = local_heads_ * head_dim();
     block_activations a;
-    a.x.resize(n * h);
-    a.ln1_mean.resize(n);
-    a.ln1_rstd.resize(n);
-    a.ln1_out.resize(n * h);
+    a.x.resize(m * h);
+    a.ln1_mean.resize(m);
+    a.ln1_rstd.resize(m);
+    a.ln1_out.resize(m * h);
     a.qkv.resize(n * 3 * lh);
     a.probs.resize(attention().probs_size());
     a.attn.resize(n * lh);
-    a.mid.resize(n * h);
-    a.ln2_mean.resize(n);
-    a.ln2_rstd.resize(n);
-    a.ln2_out.resize(n * h);
+    a.mid.resize(m * h);
+    a.ln2_mean.resize(m);
+    a.ln2_rstd.resize(m);
+    a.ln2_out.resize(m * h);
     a.fc1_out.resize(n * fc1_.local_out_features());
     a.gelu_out.resize(n * fc1_.local_out_features());
+    if (c_.sequence_parallel) {
+      a.gathered.resize(n * h);
+      a.partial.resize(n * h);
+    }
     return a;
   }
 
@@ -151,12 +172,27 @@ class transformer_block {
                block_activations& s) const {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "forward", tp, parts_);
-    const std::size_t n = rows(), h = c_.hidden;
-    TRIDENT_EXPECT(x.size() == n * h && y.size() == n * h, name_, ".forward: x and y must be [seq x batch=", n, ", hidden=", h,
-                   "] = ", n * h, " elements; got ", x.size(), " and ", y.size());
+    const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
+    TRIDENT_EXPECT(x.size() == m * h && y.size() == m * h, name_, ".forward: x and y must be [", rows_name(), "=", m,
+                   ", hidden=", h, "] = ", m * h, " elements; got ", x.size(), " and ", y.size());
     check_activations(s);
     const nn::layer_norm ln{h, c_.eps};
     s.x.assign(x.begin(), x.end());
+    if (c_.sequence_parallel) {
+      ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+      gather_from_sequence::forward(tp, s.ln1_out, s.gathered);
+      qkv_.forward(tp, n, s.gathered, w.qkv_weight, w.qkv_bias, s.qkv);
+      attention().forward(s.qkv, s.attn, s.probs);
+      proj_.forward_to_sequence(tp, n, s.attn, w.proj_weight, w.proj_bias, s.partial, s.mid);
+      for (std::size_t i = 0; i < m * h; ++i) s.mid[i] += x[i];
+      ln.forward(m, s.mid, w.ln2_weight, w.ln2_bias, s.ln2_out, s.ln2_mean, s.ln2_rstd);
+      gather_from_sequence::forward(tp, s.ln2_out, s.gathered);
+      fc1_.forward(tp, n, s.gathered, w.fc1_weight, w.fc1_bias, s.fc1_out);
+      nn::gelu::forward(s.fc1_out, s.gelu_out);
+      fc2_.forward_to_sequence(tp, n, s.gelu_out, w.fc2_weight, w.fc2_bias, s.partial, y);
+      for (std::size_t i = 0; i < m * h; ++i) y[i] += s.mid[i];
+      return;
+    }
     ln.forward(n, x, w.ln1_weight, w.ln1_bias, s.ln1_out, s.ln1_mean, s.ln1_rstd);
     qkv_.forward(tp, n, s.ln1_out, w.qkv_weight, w.qkv_bias, s.qkv);
     attention().forward(s.qkv, s.attn, s.probs);
@@ -176,11 +212,15 @@ class transformer_block {
                 std::span<float> dx, const block_tensors<float>& g) const {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "backward", tp, parts_);
-    const std::size_t n = rows(), h = c_.hidden;
-    TRIDENT_EXPECT(dy.size() == n * h && dx.size() == n * h, name_, ".backward: dy and dx must be [seq x batch=", n,
-                   ", hidden=", h, "] = ", n * h, " elements; got ", dy.size(), " and ", dx.size());
+    const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
+    TRIDENT_EXPECT(dy.size() == m * h && dx.size() == m * h, name_, ".backward: dy and dx must be [", rows_name(), "=", m,
+                   ", hidden=", h, "] = ", m * h, " elements; got ", dy.size(), " and ", dx.size());
     check_activations(s);
     const nn::layer_norm ln{h, c_.eps};
+    if (c_.sequence_parallel) {
+      backward_sequence_parallel(tp, w, s, dy, dx, g);
+      return;
+    }
     // MLP: y = mid + fc2(gelu(fc1(ln2(mid)))).
     std::vector<float> d_gelu(s.gelu_out.size()), d_fc1(s.fc1_out.size()), d_ln2(n * h), d_mid(dy.begin(), dy.end());
     fc2_.backward(tp, n, s.gelu_out, w.fc2_weight, dy, d_gelu, g.fc2_weight, g.fc2_bias);
@@ -212,13 +252,57 @@ class transformer_block {
                    parts, "; expected the heads to be a multiple of t");
     TRIDENT_EXPECT(c.ffn % t == 0, name, ": the MLP's ", c.ffn, " features do not divide over a tensor-parallel group of ",
                    parts, "; expected a multiple of t");
+    TRIDENT_EXPECT(!c.sequence_parallel || c.seq % t == 0, name, ": sequence parallelism splits the ", c.seq, " positions "
+                   "over a tensor-parallel group of ", parts, "; expected a multiple of t");
     return c;
   }
   std::size_t head_dim() const noexcept { return c_.hidden / c_.heads; }
+  const char* rows_name() const noexcept { return c_.sequence_parallel ? "seq / t x batch" : "seq x batch"; }
+
+  // The same steps as backward() on sequence shards: the output gradients are all-gathered
+  // before the row-parallel layers, the norms' outputs gathered again for the column-parallel
+  // layers' weight gradients (forward keeps only this rank's rows of them), the input
+  // gradients reduce-scattered back to shards, and the norms' weight gradients, partial sums
+  // over this rank's rows, summed over the group.
+  template <communicator Comm>
+  void backward_sequence_parallel(Comm& tp, const block_tensors<const float>& w, const block_activations& s,
+                                  std::span<const float> dy, std::span<float> dx, const block_tensors<float>& g) const {
+    const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
+    const nn::layer_norm ln{h, c_.eps};
+    std::vector<float> full(n * h), gathered(n * h), partial(n * h);
+    std::vector<float> d_gelu(s.gelu_out.size()), d_fc1(s.fc1_out.size()), d_ln2(m * h), d_norm(m * h);
+    std::vector<float> d_mid(dy.begin(), dy.end());
+    std::vector<float> norms(4 * h, 0.0f);  // ln1 weight, ln1 bias, ln2 weight, ln2 bias: this rank's rows
+    const std::span<float> n1w(norms.data(), h), n1b(norms.data() + h, h), n2w(norms.data() + 2 * h, h),
+        n2b(norms.data() + 3 * h, h);
+    // MLP.
+    reduce_scatter_to_sequence::backward(tp, dy, full);  // all-gather
+    fc2_.backward(tp, n, s.gelu_out, w.fc2_weight, full, d_gelu, g.fc2_weight, g.fc2_bias);
+    nn::gelu::backward(s.fc1_out, d_gelu, d_fc1);
+    gather_from_sequence::forward(tp, s.ln2_out, gathered);
+    fc1_.backward_to_sequence(tp, n, gathered, w.fc1_weight, d_fc1, partial, d_ln2, g.fc1_weight, g.fc1_bias);
+    ln.backward(m, s.mid, w.ln2_weight, s.ln2_mean, s.ln2_rstd, d_ln2, d_norm, n2w, n2b);
+    for (std::size_t i = 0; i < m * h; ++i) d_mid[i] += d_norm[i];
+    // Attention.
+    std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(m * h);
+    reduce_scatter_to_sequence::backward(tp, d_mid, full);
+    proj_.backward(tp, n, s.attn, w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
+    attention().backward(s.qkv, s.probs, d_attn, d_qkv);
+    gather_from_sequence::forward(tp, s.ln1_out, gathered);
+    qkv_.backward_to_sequence(tp, n, gathered, w.qkv_weight, d_qkv, partial, d_ln1, g.qkv_weight, g.qkv_bias);
+    ln.backward(m, s.x, w.ln1_weight, s.ln1_mean, s.ln1_rstd, d_ln1, dx, n1w, n1b);
+    for (std::size_t i = 0; i < m * h; ++i) dx[i] += d_mid[i];
+    // The norms' gradients over every row: one all-reduce, then added to what the caller holds.
+    tp.all_reduce(norms, reduce_op::sum);
+    const std::array<std::span<float>, 4> targets{g.ln1_weight, g.ln1_bias, g.ln2_weight, g.ln2_bias};
+    for (std::size_t k = 0; k < 4; ++k)
+      for (std::size_t j = 0; j < h; ++j) targets[k][j] += norms[k * h + j];
+  }
   nn::causal_attention attention() const { return {c_.seq, c_.batch, local_heads_, head_dim()}; }
   void check_activations(const block_activations& s) const {
     TRIDENT_EXPECT(s.probs.size() == attention().probs_size() && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
-                       s.fc1_out.size() == rows() * fc1_.local_out_features(),
+                       s.fc1_out.size() == rows() * fc1_.local_out_features() && s.x.size() == local_rows() * c_.hidden &&
+                       s.gathered.size() == (c_.sequence_parallel ? rows() * c_.hidden : 0),
                    name_, ": the saved activations are not this block's; expected make_activations() of the same block");
   }
 

@@ -133,6 +133,33 @@ class column_parallel_linear {
     pending.wait();
   }
 
+  //! Sequence parallelism: x [batch, in] is the all-gathered input (gather_from_sequence), so the
+  //! input gradient goes back to sequence shards: `partial` [batch, in] (scratch) = dy_r W_r,
+  //! reduce-scattered into dx [batch / t, in] (overwritten) while the weight gradients are
+  //! computed (or after them, without overlap).
+  template <communicator Comm>
+  void backward_to_sequence(Comm& tp, std::size_t batch, std::span<const float> x, std::span<const float> w,
+                            std::span<const float> dy, std::span<float> partial, std::span<float> dx, std::span<float> dw,
+                            std::span<float> db) const {
+    detail::require_host_comm<Comm>();
+    detail::check_group(name_, "backward_to_sequence", tp, parts_);
+    const std::size_t in = local_.in_features, out = local_.out_features;
+    trident::nn::detail::check_linear_backward((name_ + ".backward_to_sequence").c_str(), batch, in, out, x.size(), w.size(),
+                                               dy.size(), partial.size(), dw.size(), db.size());
+    TRIDENT_EXPECT(batch % static_cast<std::size_t>(parts_) == 0 && dx.size() * static_cast<std::size_t>(parts_) == partial.size(),
+                   name_, ".backward_to_sequence: dx has ", dx.size(), " elements, expected [", batch, " / ", parts_, ", ", in,
+                   "] (this rank's rows)");
+    nn::gemm(nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, partial.data(), in);
+    if (!overlap) {
+      gather_from_sequence::backward(tp, partial, dx);
+      local_.backward(batch, x, {}, dy, {}, dw, db);
+      return;
+    }
+    auto pending = gather_from_sequence::backward_async(tp, partial, dx);
+    local_.backward(batch, x, {}, dy, {}, dw, db);
+    pending.wait();
+  }
+
  private:
   std::string name_;
   int parts_;
@@ -178,6 +205,27 @@ class row_parallel_linear {
     const std::size_t out = local_.out_features;
     if (!b.empty())
       for (std::size_t r = 0; r < batch; ++r)
+        for (std::size_t o = 0; o < out; ++o) y[r * out + o] += b[o];
+  }
+
+  //! Sequence parallelism: the partial products [batch, out] (`partial`, scratch) are
+  //! reduce-scattered to this rank's rows (reduce_scatter_to_sequence), y [batch / t, out], and
+  //! the bias is added there. Backward is backward() with the all-gathered output gradient.
+  template <communicator Comm>
+  void forward_to_sequence(Comm& tp, std::size_t batch, std::span<const float> x, std::span<const float> w,
+                           std::span<const float> b, std::span<float> partial, std::span<float> y) const {
+    detail::require_host_comm<Comm>();
+    detail::check_group(name_, "forward_to_sequence", tp, parts_);
+    trident::nn::detail::check_linear_forward((name_ + ".forward_to_sequence").c_str(), batch, local_.in_features,
+                                              local_.out_features, x.size(), w.size(), b.size(), partial.size());
+    TRIDENT_EXPECT(batch % static_cast<std::size_t>(parts_) == 0 && y.size() * static_cast<std::size_t>(parts_) == partial.size(),
+                   name_, ".forward_to_sequence: y has ", y.size(), " elements, expected [", batch, " / ", parts_, ", ",
+                   local_.out_features, "] (this rank's rows)");
+    local_.forward(batch, x, w, {}, partial);
+    reduce_scatter_to_sequence::forward(tp, partial, y);
+    const std::size_t out = local_.out_features, rows = batch / static_cast<std::size_t>(parts_);
+    if (!b.empty())
+      for (std::size_t r = 0; r < rows; ++r)
         for (std::size_t o = 0; o < out; ++o) y[r * out + o] += b[o];
   }
 
