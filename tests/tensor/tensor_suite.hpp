@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
+#include "trident/core/memory_ledger.hpp"
 #include "trident/model/sharding.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/linear.hpp"
@@ -342,6 +343,44 @@ void block_equals_serial(Comm& tp, std::uint64_t seed, bool sequence_parallel = 
     INFO(params[i].name);
     CHECK(relative_error(grads[i], part_of(params[i].split, r, grads_ref[i])) <= 1e-5);
   }
+}
+
+//! The activation bytes a rank keeps per block, measured by its memory ledger, against
+//! Korthikanti et al.'s per-layer counts (their Table 2) for this block: fp32 (4 bytes, where
+//! they count 2) and without dropout (their masks, 2sbh bytes, and the dropout output of the
+//! softmax, 2as^2b bytes, do not exist here), i.e. in elements
+//!   no parallelism      16 sbh + as^2 b            (their 34 sbh + 5 as^2 b bytes)
+//!   tensor parallelism  (4 + 12/t) sbh + as^2 b/t  (their sbh (10 + 24/t) + 5 as^2 b/t)
+//!   + sequence par.     (16 sbh + as^2 b) / t      (their (34 sbh + 5 as^2 b) / t)
+//! counting: the input of each LayerNorm (x, the residual sum), the QKV input (the first norm's
+//! output), Q K V, the softmax, the output projection's input, fc1's input (the second norm's
+//! output), GELU's input and output. Beside them the norms keep 2 floats per row each (mean,
+//! 1/std), which the paper leaves out (4 sb / t' floats). Exact equality, printed side by side.
+template <class Comm>
+void activation_bytes(Comm& tp, bool sequence_parallel) {
+  const tensor::block_config config{.seq = 12, .batch = 2, .hidden = 24, .heads = 4, .ffn = 96, .eps = 1e-5f,
+                                    .sequence_parallel = sequence_parallel};
+  const tensor::transformer_block block(tp, config, "h0");
+  const auto ledger = trident::current_ledger();
+  const std::size_t before = ledger->bytes(trident::space_kind::host, trident::mem_category::activations);
+  const auto saved = block.make_activations();
+  const std::size_t measured = ledger->bytes(trident::space_kind::host, trident::mem_category::activations) - before;
+  const double t = tp.size(), s = static_cast<double>(config.seq), b = static_cast<double>(config.batch),
+               h = static_cast<double>(config.hidden), a = static_cast<double>(config.heads);
+  const double sbh = s * b * h, as2b = a * s * s * b;
+  double elements = 0;
+  if (t == 1) elements = 16 * sbh + as2b;
+  else if (!sequence_parallel) elements = (4 + 12 / t) * sbh + as2b / t;
+  else elements = (16 * sbh + as2b) / t;
+  const double norm_stats = 4 * s * b / (sequence_parallel ? t : 1.0);
+  const double formula = 4 * (elements + norm_stats);
+  const std::string report = std::string("activations kept per block, t = ") + std::to_string(tp.size()) +
+            (sequence_parallel ? " with" : " without") + " sequence parallelism: measured " + std::to_string(measured) +
+            " B, formula " + std::to_string(static_cast<long>(formula)) + " B (Korthikanti's elements " +
+            std::to_string(static_cast<long>(elements)) + " x 4 B, + norm statistics " +
+            std::to_string(static_cast<long>(norm_stats)) + " x 4 B)";
+  if (tp.rank() == 0) MESSAGE(report);
+  CHECK(static_cast<double>(measured) == formula);
 }
 
 //! Heads, MLP features or a fused weight that t does not divide are named as such.

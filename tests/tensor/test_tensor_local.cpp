@@ -51,6 +51,12 @@ TEST_CASE("sequence-parallel transformer block = the unsharded block (threads, t
   for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_equals_serial(tp, 500, true); });
 }
 
+TEST_CASE("activation bytes kept per block follow Korthikanti et al.'s counts (threads, t = 1, 2, 4; with and without "
+          "sequence parallelism)") {
+  for (int t : {1, 2, 4})
+    for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::activation_bytes(tp, sp); });
+}
+
 TEST_CASE("transformer block: heads and features that t does not divide are named (threads)") {
   for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
 }

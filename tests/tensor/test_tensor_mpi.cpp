@@ -28,6 +28,8 @@ TEST_CASE("tensor-parallel transformer block = the unsharded block over MPI (t =
   trident::process_grid grid(world, 2, 1);
   tensor_suite::block_equals_serial(grid.tensor(), 400 + static_cast<std::uint64_t>(grid.coordinate(trident::grid_axis::data)));
   tensor_suite::block_equals_serial(world, 500, true);
+  tensor_suite::activation_bytes(world, false);
+  tensor_suite::activation_bytes(world, true);
   tensor_suite::block_bad_shapes(world);
 }
 

@@ -33,6 +33,7 @@
 //   auto saved = blk.make_activations();
 //   blk.forward(tp, weights, x, y, saved);
 //   blk.backward(tp, weights, saved, dy, dx, grads);     // grads accumulate (+=)
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
@@ -41,6 +42,7 @@
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/model/flat_layout.hpp"
 #include "trident/model/sharding.hpp"
@@ -81,18 +83,21 @@ struct block_tensors {
   }
 };
 
-//! What forward keeps for backward (allocated once by make_activations, reused every step).
+//! What forward keeps for backward, allocated once by make_activations and reused every step:
+//! buffers charged to the memory ledger as mem_category::activations (the scratch of sequence
+//! parallelism as communication), so what a rank keeps per block is measured, not estimated.
 struct block_activations {
-  std::vector<float> x;                    // the block's input
-  std::vector<float> ln1_mean, ln1_rstd, ln1_out;
-  std::vector<float> qkv, probs, attn;     // this rank's heads
-  std::vector<float> mid;                  // x + attention's output
-  std::vector<float> ln2_mean, ln2_rstd, ln2_out;
-  std::vector<float> fc1_out, gelu_out;    // this rank's ffn features
+  using storage = buffer<float, host_space>;
+  storage x;                           // the block's input
+  storage ln1_mean, ln1_rstd, ln1_out;
+  storage qkv, probs, attn;            // this rank's heads
+  storage mid;                         // x + attention's output
+  storage ln2_mean, ln2_rstd, ln2_out;
+  storage fc1_out, gelu_out;           // this rank's ffn features
   // Sequence parallelism: where the norms' outputs are gathered and the partial products
   // wait to be reduce-scattered ([seq x batch, hidden] each). Scratch: nothing in them is
   // kept from forward to backward (the norms' outputs are gathered again there).
-  std::vector<float> gathered, partial;
+  storage gathered, partial;
 };
 
 class transformer_block {
@@ -145,23 +150,14 @@ class transformer_block {
 
   block_activations make_activations() const {
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden, lh = local_heads_ * head_dim();
-    block_activations a;
-    a.x.resize(m * h);
-    a.ln1_mean.resize(m);
-    a.ln1_rstd.resize(m);
-    a.ln1_out.resize(m * h);
-    a.qkv.resize(n * 3 * lh);
-    a.probs.resize(attention().probs_size());
-    a.attn.resize(n * lh);
-    a.mid.resize(m * h);
-    a.ln2_mean.resize(m);
-    a.ln2_rstd.resize(m);
-    a.ln2_out.resize(m * h);
-    a.fc1_out.resize(n * fc1_.local_out_features());
-    a.gelu_out.resize(n * fc1_.local_out_features());
+    const auto kept = [](std::size_t count) { return block_activations::storage(count, mem_category::activations); };
+    block_activations a{kept(m * h),     kept(m),         kept(m),        kept(m * h),
+                        kept(n * 3 * lh), kept(attention().probs_size()), kept(n * lh),
+                        kept(m * h),     kept(m),         kept(m),        kept(m * h),
+                        kept(n * fc1_.local_out_features()), kept(n * fc1_.local_out_features()), {}, {}};
     if (c_.sequence_parallel) {
-      a.gathered.resize(n * h);
-      a.partial.resize(n * h);
+      a.gathered = block_activations::storage(n * h, mem_category::communication);
+      a.partial = block_activations::storage(n * h, mem_category::communication);
     }
     return a;
   }
@@ -177,31 +173,31 @@ class transformer_block {
                    ", hidden=", h, "] = ", m * h, " elements; got ", x.size(), " and ", y.size());
     check_activations(s);
     const nn::layer_norm ln{h, c_.eps};
-    s.x.assign(x.begin(), x.end());
+    std::copy(x.begin(), x.end(), s.x.span().begin());
     if (c_.sequence_parallel) {
-      ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out, s.ln1_mean, s.ln1_rstd);
-      gather_from_sequence::forward(tp, s.ln1_out, s.gathered);
-      qkv_.forward(tp, n, s.gathered, w.qkv_weight, w.qkv_bias, s.qkv);
-      attention().forward(s.qkv, s.attn, s.probs);
-      proj_.forward_to_sequence(tp, n, s.attn, w.proj_weight, w.proj_bias, s.partial, s.mid);
+      ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
+      gather_from_sequence::forward(tp, s.ln1_out.span(), s.gathered.span());
+      qkv_.forward(tp, n, s.gathered.span(), w.qkv_weight, w.qkv_bias, s.qkv.span());
+      attention().forward(s.qkv.span(), s.attn.span(), s.probs.span());
+      proj_.forward_to_sequence(tp, n, s.attn.span(), w.proj_weight, w.proj_bias, s.partial.span(), s.mid.span());
       for (std::size_t i = 0; i < m * h; ++i) s.mid[i] += x[i];
-      ln.forward(m, s.mid, w.ln2_weight, w.ln2_bias, s.ln2_out, s.ln2_mean, s.ln2_rstd);
-      gather_from_sequence::forward(tp, s.ln2_out, s.gathered);
-      fc1_.forward(tp, n, s.gathered, w.fc1_weight, w.fc1_bias, s.fc1_out);
-      nn::gelu::forward(s.fc1_out, s.gelu_out);
-      fc2_.forward_to_sequence(tp, n, s.gelu_out, w.fc2_weight, w.fc2_bias, s.partial, y);
+      ln.forward(m, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
+      gather_from_sequence::forward(tp, s.ln2_out.span(), s.gathered.span());
+      fc1_.forward(tp, n, s.gathered.span(), w.fc1_weight, w.fc1_bias, s.fc1_out.span());
+      nn::gelu::forward(s.fc1_out.span(), s.gelu_out.span());
+      fc2_.forward_to_sequence(tp, n, s.gelu_out.span(), w.fc2_weight, w.fc2_bias, s.partial.span(), y);
       for (std::size_t i = 0; i < m * h; ++i) y[i] += s.mid[i];
       return;
     }
-    ln.forward(n, x, w.ln1_weight, w.ln1_bias, s.ln1_out, s.ln1_mean, s.ln1_rstd);
-    qkv_.forward(tp, n, s.ln1_out, w.qkv_weight, w.qkv_bias, s.qkv);
-    attention().forward(s.qkv, s.attn, s.probs);
-    proj_.forward(tp, n, s.attn, w.proj_weight, w.proj_bias, s.mid);  // summed over the group (g)
+    ln.forward(n, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
+    qkv_.forward(tp, n, s.ln1_out.span(), w.qkv_weight, w.qkv_bias, s.qkv.span());
+    attention().forward(s.qkv.span(), s.attn.span(), s.probs.span());
+    proj_.forward(tp, n, s.attn.span(), w.proj_weight, w.proj_bias, s.mid.span());  // summed over the group (g)
     for (std::size_t i = 0; i < n * h; ++i) s.mid[i] += x[i];
-    ln.forward(n, s.mid, w.ln2_weight, w.ln2_bias, s.ln2_out, s.ln2_mean, s.ln2_rstd);
-    fc1_.forward(tp, n, s.ln2_out, w.fc1_weight, w.fc1_bias, s.fc1_out);
-    nn::gelu::forward(s.fc1_out, s.gelu_out);
-    fc2_.forward(tp, n, s.gelu_out, w.fc2_weight, w.fc2_bias, y);
+    ln.forward(n, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
+    fc1_.forward(tp, n, s.ln2_out.span(), w.fc1_weight, w.fc1_bias, s.fc1_out.span());
+    nn::gelu::forward(s.fc1_out.span(), s.gelu_out.span());
+    fc2_.forward(tp, n, s.gelu_out.span(), w.fc2_weight, w.fc2_bias, y);
     for (std::size_t i = 0; i < n * h; ++i) y[i] += s.mid[i];
   }
 
@@ -223,18 +219,18 @@ class transformer_block {
     }
     // MLP: y = mid + fc2(gelu(fc1(ln2(mid)))).
     std::vector<float> d_gelu(s.gelu_out.size()), d_fc1(s.fc1_out.size()), d_ln2(n * h), d_mid(dy.begin(), dy.end());
-    fc2_.backward(tp, n, s.gelu_out, w.fc2_weight, dy, d_gelu, g.fc2_weight, g.fc2_bias);
-    nn::gelu::backward(s.fc1_out, d_gelu, d_fc1);
-    fc1_.backward(tp, n, s.ln2_out, w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // summed (f)
+    fc2_.backward(tp, n, s.gelu_out.span(), w.fc2_weight, dy, d_gelu, g.fc2_weight, g.fc2_bias);
+    nn::gelu::backward(s.fc1_out.span(), d_gelu, d_fc1);
+    fc1_.backward(tp, n, s.ln2_out.span(), w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // summed (f)
     std::vector<float> d_norm(n * h);
-    ln.backward(n, s.mid, w.ln2_weight, s.ln2_mean, s.ln2_rstd, d_ln2, d_norm, g.ln2_weight, g.ln2_bias);
+    ln.backward(n, s.mid.span(), w.ln2_weight, s.ln2_mean.span(), s.ln2_rstd.span(), d_ln2, d_norm, g.ln2_weight, g.ln2_bias);
     for (std::size_t i = 0; i < n * h; ++i) d_mid[i] += d_norm[i];
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
     std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(n * h);
-    proj_.backward(tp, n, s.attn, w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
-    attention().backward(s.qkv, s.probs, d_attn, d_qkv);
-    qkv_.backward(tp, n, s.ln1_out, w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
-    ln.backward(n, s.x, w.ln1_weight, s.ln1_mean, s.ln1_rstd, d_ln1, dx, g.ln1_weight, g.ln1_bias);
+    proj_.backward(tp, n, s.attn.span(), w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
+    attention().backward(s.qkv.span(), s.probs.span(), d_attn, d_qkv);
+    qkv_.backward(tp, n, s.ln1_out.span(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
+    ln.backward(n, s.x.span(), w.ln1_weight, s.ln1_mean.span(), s.ln1_rstd.span(), d_ln1, dx, g.ln1_weight, g.ln1_bias);
     for (std::size_t i = 0; i < n * h; ++i) dx[i] += d_mid[i];
   }
 
@@ -277,20 +273,20 @@ class transformer_block {
         n2b(norms.data() + 3 * h, h);
     // MLP.
     reduce_scatter_to_sequence::backward(tp, dy, full);  // all-gather
-    fc2_.backward(tp, n, s.gelu_out, w.fc2_weight, full, d_gelu, g.fc2_weight, g.fc2_bias);
-    nn::gelu::backward(s.fc1_out, d_gelu, d_fc1);
-    gather_from_sequence::forward(tp, s.ln2_out, gathered);
+    fc2_.backward(tp, n, s.gelu_out.span(), w.fc2_weight, full, d_gelu, g.fc2_weight, g.fc2_bias);
+    nn::gelu::backward(s.fc1_out.span(), d_gelu, d_fc1);
+    gather_from_sequence::forward(tp, s.ln2_out.span(), gathered);
     fc1_.backward_to_sequence(tp, n, gathered, w.fc1_weight, d_fc1, partial, d_ln2, g.fc1_weight, g.fc1_bias);
-    ln.backward(m, s.mid, w.ln2_weight, s.ln2_mean, s.ln2_rstd, d_ln2, d_norm, n2w, n2b);
+    ln.backward(m, s.mid.span(), w.ln2_weight, s.ln2_mean.span(), s.ln2_rstd.span(), d_ln2, d_norm, n2w, n2b);
     for (std::size_t i = 0; i < m * h; ++i) d_mid[i] += d_norm[i];
     // Attention.
     std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(m * h);
     reduce_scatter_to_sequence::backward(tp, d_mid, full);
-    proj_.backward(tp, n, s.attn, w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
-    attention().backward(s.qkv, s.probs, d_attn, d_qkv);
-    gather_from_sequence::forward(tp, s.ln1_out, gathered);
+    proj_.backward(tp, n, s.attn.span(), w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
+    attention().backward(s.qkv.span(), s.probs.span(), d_attn, d_qkv);
+    gather_from_sequence::forward(tp, s.ln1_out.span(), gathered);
     qkv_.backward_to_sequence(tp, n, gathered, w.qkv_weight, d_qkv, partial, d_ln1, g.qkv_weight, g.qkv_bias);
-    ln.backward(m, s.x, w.ln1_weight, s.ln1_mean, s.ln1_rstd, d_ln1, dx, n1w, n1b);
+    ln.backward(m, s.x.span(), w.ln1_weight, s.ln1_mean.span(), s.ln1_rstd.span(), d_ln1, dx, n1w, n1b);
     for (std::size_t i = 0; i < m * h; ++i) dx[i] += d_mid[i];
     // The norms' gradients over every row: one all-reduce, then added to what the caller holds.
     tp.all_reduce(norms, reduce_op::sum);
