@@ -2,7 +2,8 @@
 // raw library call on the same communicator and buffer, in the same run. One rank and a one-
 // element buffer, so the figure is what the wrapper adds (argument checks, dispatch), not data
 // movement.
-//   ./bench_comm_overhead                 thread backend and MPI (MPI_COMM_SELF)
+//   ./bench_comm_overhead                 thread backend and MPI (MPI_COMM_SELF; the wrapper with
+//                                         and without its cross-rank argument check)
 //   (with a GPU) the NCCL trio runs too: raw ncclAllReduce, trident's front-end, and the
 //   backend's execute() alone; 4 B in place and 1-4 MiB out of place; the stream is
 //   synchronised every 256 calls
@@ -45,12 +46,22 @@ void local_all_reduce_2_ranks(benchmark::State& state) {
 BENCHMARK(local_all_reduce_2_ranks)->Iterations(20000);
 
 #if TRIDENT_HAS_MPI
+// Without the cross-rank argument check (TRIDENT_CHECK_COLLECTIVES=0): the wrapper alone.
 void mpi_wrapper_all_reduce(benchmark::State& state) {
   trident::mpi_comm comm(MPI_COMM_SELF, false);
   std::vector<float> x(1, 1.0f);
   for (auto _ : state) comm.all_reduce(x);
 }
 BENCHMARK(mpi_wrapper_all_reduce);
+
+// With it, the default: one more (small) MPI_Allreduce per call, here on one rank, so the figure
+// is its host cost; across ranks it costs a round trip (bench/collectives.cpp measures that).
+void mpi_wrapper_checked_all_reduce(benchmark::State& state) {
+  trident::mpi_comm comm(MPI_COMM_SELF, true);
+  std::vector<float> x(1, 1.0f);
+  for (auto _ : state) comm.all_reduce(x);
+}
+BENCHMARK(mpi_wrapper_checked_all_reduce);
 
 void mpi_raw_all_reduce(benchmark::State& state) {
   trident::mpi_comm comm(MPI_COMM_SELF, false);  // the same duplicated communicator

@@ -14,7 +14,10 @@
 // slowest rank's; the median of -R rounds of -n calls), algbw = size / time, busbw = algbw x the collective's bus factor
 // (all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n; broadcast, reduce 1),
 // which makes figures comparable across rank counts. For MPI and NCCL the raw library call on
-// the same buffers is timed in the same run and the ratio wrapper/raw printed. For the thread
+// the same buffers is timed in the same run and the ratio wrapper/raw printed. For MPI with the
+// cross-rank argument check on (the default; TRIDENT_CHECK_COLLECTIVES=0 turns it off), trident
+// without the check is timed in the same run too (columns nocheck(us) and its ratio to raw), so
+// the check's cost per call is the difference of time(us) and nocheck(us). For the thread
 // backend, the single-thread memcpy bandwidth of the machine is printed as the reference.
 #include <algorithm>
 #include <chrono>
@@ -327,15 +330,20 @@ raw_call raw_nccl(ncclComm_t comm, cudaStream_t stream, int size) {
 }
 #endif
 
+//! Turns the backend's cross-rank argument check on or off, where it has one that is on (MPI).
+using check_switch = std::function<void(bool)>;
+
 template <class C>
-void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_name) {
+void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_name, const check_switch& check = nullptr) {
   const int n = comm.size();
   if (comm.rank() == 0) {
     fmt::print("# backend {}, {} ranks, {}, {}, {} iterations after {} warm-up\n", o.backend, n, trident::name_of(o.coll),
                trident::name_of(o.type), o.iters, o.warmup);
+    if (check) fmt::print("# time: trident with its cross-rank argument check (the default); nocheck: without it\n");
     fmt::print("#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>6}", "size(B)", "count", "type", "redop", "root",
                "time(us)", "algbw", "busbw", "#wrong");
     if (raw) fmt::print(" {:>12} {:>8} {:>8}", fmt::format("{}(us)", raw_name), "busbw", "ratio");
+    if (check) fmt::print(" {:>12} {:>8}", "nocheck(us)", "ratio");
     fmt::print("\n");
   }
   for (double bytes = static_cast<double>(o.min_bytes); bytes <= static_cast<double>(o.max_bytes) * 1.0000001; bytes *= o.factor) {
@@ -357,18 +365,33 @@ void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_n
       call.type = o.type;
       call.op = o.op;
       call.root = o.root;
-      // Wrapper and raw call alternate in rounds and each reports its median round, so slow
-      // phases of a shared machine hit both alike.
-      std::vector<double> ours, theirs;
-      // The order alternates too (odd rounds time the raw call first), so neither side always
-      // runs right after the other's caches and clocks settled.
-      for (int round = 0; round < o.rounds; ++round) {
-        if (raw && round % 2 == 1) theirs.push_back(time_loop(comm, o, [&] { raw(call); }));
-        ours.push_back(time_loop(comm, o, [&] { call_trident(comm, o, b); }));
-        if (raw && round % 2 == 0) theirs.push_back(time_loop(comm, o, [&] { raw(call); }));
+      // Wrapper, raw call (and the wrapper without its argument check) alternate in rounds and
+      // each reports its median round, so slow phases of a shared machine hit all alike.
+      struct variant {
+        std::function<void()> body;
+        std::vector<double> times;
+      };
+      std::vector<variant> variants;
+      variants.push_back({[&] { call_trident(comm, o, b); }, {}});
+      if (raw) variants.push_back({[&] { raw(call); }, {}});
+      if (check) {
+        variants.push_back({[&] {
+                              check(false);
+                              call_trident(comm, o, b);
+                              check(true);
+                            },
+                            {}});
       }
-      const double t = median(ours);
-      const double raw_t = raw ? median(theirs) : 0.0;
+      // The order rotates too (round r starts with variant r mod k), so no variant always runs
+      // right after another one's caches and clocks settled.
+      for (int round = 0; round < o.rounds; ++round)
+        for (std::size_t k = 0; k < variants.size(); ++k) {
+          auto& v = variants[(static_cast<std::size_t>(round) + k) % variants.size()];
+          v.times.push_back(time_loop(comm, o, v.body));
+        }
+      const double t = median(variants[0].times);
+      const double raw_t = raw ? median(variants[1].times) : 0.0;
+      const double unchecked_t = check ? median(variants.back().times) : 0.0;
       const double size = static_cast<double>(count * sizeof(T));
       const double algbw = size / t / 1e3;  // GB/s
       const double busbw = algbw * bus_factor(o.coll, n);
@@ -378,6 +401,7 @@ void run_sizes(C& comm, const options& o, const raw_call& raw, const char* raw_n
                    trident::name_of(o.type), reduces ? trident::name_of(o.op) : std::string_view("none"), o.root, t, algbw,
                    busbw, wrong);
         if (raw) fmt::print(" {:>12.1f} {:>8.2f} {:>8.3f}", raw_t, size / raw_t / 1e3 * bus_factor(o.coll, n), t / raw_t);
+        if (check) fmt::print(" {:>12.1f} {:>8.3f}", unchecked_t, raw ? unchecked_t / raw_t : 0.0);
         fmt::print("\n");
       }
     });
@@ -413,7 +437,9 @@ int main(int argc, char** argv) {
     if (o.backend == "mpi") {
       trident::mpi_environment env(argc, argv);
       auto comm = trident::mpi_comm::world();
-      run_sizes(comm, o, raw_mpi(comm.native(), o), "MPI");
+      check_switch check;
+      if (comm.check_arguments()) check = [&comm](bool on) { comm.check_arguments(on); };
+      run_sizes(comm, o, raw_mpi(comm.native(), o), "MPI", check);
       return 0;
     }
 #endif

@@ -555,27 +555,41 @@ void average_without_overflow(C& comm) {
   check_type(trident::bf16{});
 }
 
-//! max and min propagate NaN: whichever rank holds it, every rank gets NaN in that element, and
-//! the other elements are unaffected. float32, float64, fp16 and bf16; one-step and ring sizes;
-//! all_reduce, reduce_scatter (each chunk's NaN from another rank) and reduce (to roots 0 and n-1).
+//! max and min with NaN follow the backend's documented rule, C::max_min_nan: `propagate` (the
+//! host backends) gives NaN in an element where any rank holds NaN; `drop` (NCCL, whose kernels
+//! use fmaxf / __hmax) gives the max / min of the other ranks there, NaN only where every rank
+//! holds NaN. Either way the result does not depend on which rank holds the NaN, and the other
+//! elements are unaffected. float32, float64, fp16 and bf16; one-step and ring sizes;
+//! all_reduce (element 1: NaN on one rank, element 4: NaN on every rank), reduce_scatter (each
+//! chunk's NaN from another rank) and reduce (to roots 0 and n-1).
 template <class C>
-void nan_propagates(C& comm) {
+void max_min_with_nan(C& comm) {
+  constexpr bool propagates = C::max_min_nan == trident::nan_in_max_min::propagate;
   const int n = comm.size();
   const int me = comm.rank();
-  // Rank r's element i is r + i % 3: max is n - 1 + i % 3, min is i % 3.
-  auto want = [&](reduce_op op, std::size_t i) { return static_cast<float>((op == reduce_op::max ? n - 1 : 0) + static_cast<int>(i % 3)); };
+  // Rank r's element i is r + i % 3. Without rank `without` (-1: none), max over the ranks is
+  // the largest other rank + i % 3, min the smallest other rank + i % 3.
+  auto want = [&](reduce_op op, std::size_t i, int without) {
+    const int top = without == n - 1 ? n - 2 : n - 1;
+    const int bottom = without == 0 ? 1 : 0;
+    return static_cast<float>((op == reduce_op::max ? top : bottom) + static_cast<int>(i % 3));
+  };
   auto values = [&](std::size_t count) {
     std::vector<float> v(count);
     for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(me) + static_cast<float>(i % 3);
     return v;
   };
-  // Counts the elements of `got` (global indices first, first + 1, ...) that are wrong: NaN
-  // exactly where `is_nan(i)`, the reference elsewhere.
-  auto wrong = [&](const auto& got, std::size_t first, reduce_op op, auto is_nan) {
+  // Counts the elements of `got` (global indices first, first + 1, ...) that are wrong.
+  // nan_on(i) says which rank holds a NaN in element i: -1 none, n every rank, else that rank.
+  auto wrong = [&](const auto& got, std::size_t first, reduce_op op, auto nan_on) {
     std::size_t bad = 0;
     for (std::size_t k = 0; k < got.size(); ++k) {
+      const std::size_t i = first + k;
+      const int holder = nan_on(i);
       const float v = static_cast<float>(got[k]);
-      if (is_nan(first + k) ? !std::isnan(v) : v != want(op, first + k)) ++bad;
+      // One rank alone holding NaN is every rank holding it.
+      const bool nan_expected = holder == n || (holder >= 0 && (propagates || n == 1));
+      if (nan_expected ? !std::isnan(v) : v != want(op, i, holder)) ++bad;
     }
     return bad;
   };
@@ -590,15 +604,18 @@ void nan_propagates(C& comm) {
       for (int holder = 0; holder < n; ++holder)
         for (reduce_op op : {reduce_op::max, reduce_op::min}) {
           INFO("rank ", me, "/", n, " ", std::string(type_name<T>()), " ", std::string(trident::name_of(op)), " count ", count,
-               " NaN on rank ", holder);
+               " NaN on rank ", holder, propagates ? " (propagated)" : " (dropped unless on every rank)");
+          // Element 1: NaN on `holder`; element 4: NaN on every rank.
+          auto nan_on = [&](std::size_t i) { return i == 1 ? holder : i == 4 ? n : -1; };
           {
             auto host = values(count);
             if (me == holder) host[1] = std::nanf("");
+            host[4] = std::nanf("");
             auto x = upload_values(host);
             comm.all_reduce(x, op);
             const auto got = download(comm, x);
             INFO("all_reduce");
-            CHECK(wrong(got, 0, op, [](std::size_t i) { return i == 1; }) == 0);
+            CHECK(wrong(got, 0, op, nan_on) == 0);
           }
           {
             // Chunk k's NaN (its element 1) comes from rank (k + holder) % n: each rank's result
@@ -612,11 +629,15 @@ void nan_propagates(C& comm) {
             comm.reduce_scatter(in, out, op);
             const auto got = download(comm, out);
             INFO("reduce_scatter, chunk ", chunk);
-            CHECK(wrong(got, static_cast<std::size_t>(me) * chunk, op, [&](std::size_t i) { return i % chunk == 1; }) == 0);
+            const auto chunk_nan_on = [&](std::size_t i) {
+              return i % chunk == 1 ? static_cast<int>((i / chunk + static_cast<std::size_t>(holder)) % static_cast<std::size_t>(n)) : -1;
+            };
+            CHECK(wrong(got, static_cast<std::size_t>(me) * chunk, op, chunk_nan_on) == 0);
           }
           for (int root : {0, n - 1}) {
             auto host = values(count);
             if (me == holder) host[1] = std::nanf("");
+            host[4] = std::nanf("");
             auto in = upload_values(host);
             trident::buffer<T, typename C::space> out(me == root ? count : 0);
             comm.reduce(in, out, root, op);
@@ -624,7 +645,7 @@ void nan_propagates(C& comm) {
             const auto got = download(comm, out);
             INFO("reduce to root ", root);
             CHECK(got.size() == count);
-            CHECK(wrong(got, 0, op, [](std::size_t i) { return i == 1; }) == 0);
+            CHECK(wrong(got, 0, op, nan_on) == 0);
           }
         }
   };

@@ -14,6 +14,7 @@ struct stand_in : trident::collectives<stand_in<Space>, Space> {
     void wait() {}
     bool test() { return true; }
   };
+  static constexpr trident::nan_in_max_min max_min_nan = trident::nan_in_max_min::propagate;
   int rank() const { return 0; }
   int size() const { return 1; }
   void execute(const trident::collective_call&) {}

@@ -1,7 +1,8 @@
 // A small MPI program that misuses the communicator on purpose, for tests/comm/mpi_misuse.sh:
 // each mode must end (the job ended with a message, or an error on every rank), never hang.
 //   mpi_misuse_worker leave-after-error | mismatch | mismatch-checked | symmetric-error |
-//                     dropped-async | dropped-async-all-finish | huge-count
+//                     dropped-async | dropped-async-all-finish | huge-count | huge-count-unchecked
+// The script sets TRIDENT_CHECK_COLLECTIVES=0 where a mode needs the argument check off.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -31,13 +32,14 @@ int main(int argc, char** argv) {
     comm.all_reduce(x);
     std::printf("rank 0: the all_reduce returned (it must not)\n");
   } else if (mode == "mismatch") {
-    // A barrier against an all_reduce, without the argument check: the watchdog ends the job.
+    // A barrier against an all_reduce, with the argument check off (TRIDENT_CHECK_COLLECTIVES=0):
+    // the watchdog ends the job.
     if (comm.rank() == 0) comm.barrier();
     else comm.all_reduce(x);
     std::printf("rank %d: the mismatched collective returned (it must not)\n", comm.rank());
   } else if (mode == "mismatch-checked") {
-    // The same with check_arguments: a usage_error on every rank, and a clean exit.
-    comm.check_arguments(true);
+    // The same with the default settings, where the argument check is on: a usage_error on every
+    // rank, and a clean exit.
     try {
       if (comm.rank() == 0) comm.barrier();
       else comm.all_reduce(x);
@@ -81,11 +83,15 @@ int main(int argc, char** argv) {
     }
     comm.barrier();
     std::printf("rank %d: reached the end\n", comm.rank());
-  } else if (mode == "huge-count") {
-    // Rank 0 all-reduces 8 elements, rank 1 8M, without TRIDENT_CHECK_COLLECTIVES: nothing
-    // compares the counts, so MPI may fail or write past rank 0's buffer (Open MPI 4.1 does: its
-    // malloc aborts rank 0) while rank 1 waits for data that never comes. The job must still
-    // end, by an error, the exit protocol or the watchdog, never hang.
+  } else if (mode == "huge-count" || mode == "huge-count-unchecked") {
+    // Rank 0 all-reduces 8 elements, rank 1 8M. huge-count (default settings): the argument
+    // check compares the counts before MPI sees them, so both ranks get a usage_error and the
+    // job ends normally. huge-count-unchecked (TRIDENT_CHECK_COLLECTIVES=0): nothing compares
+    // the counts, so MPI may fail or write past rank 0's buffer (Open MPI 4.1 does: its malloc
+    // aborts rank 0) while rank 1 waits for data that never comes; the job must still end, by
+    // an error, the exit protocol or the watchdog, never hang.
+    std::printf("rank %d: check_arguments %s\n", comm.rank(), comm.check_arguments() ? "on" : "off");
+    std::fflush(stdout);
     std::vector<float> data(comm.rank() == 0 ? 8 : 8'000'000, 1.0f);
     try {
       comm.all_reduce(data);

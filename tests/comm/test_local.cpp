@@ -102,7 +102,10 @@ TEST_CASE("local: split") { on_every_size([](auto& c) { suite::split(c); }); }
 TEST_CASE("local: bad input") { on_every_size([](auto& c) { suite::bad_input(c); }); }
 TEST_CASE("local: mismatched calls are detected on every rank") { on_every_size([](auto& c) { suite::mismatched_counts(c); }); }
 TEST_CASE("local: fp16/bf16 avg does not overflow") { on_every_size([](auto& c) { suite::average_without_overflow(c); }); }
-TEST_CASE("local: max and min propagate NaN from any rank") { on_every_size([](auto& c) { suite::nan_propagates(c); }); }
+TEST_CASE("local: max and min propagate NaN from any rank") {
+  static_assert(trident::local_comm::max_min_nan == trident::nan_in_max_min::propagate);
+  on_every_size([](auto& c) { suite::max_min_with_nan(c); });
+}
 
 TEST_CASE("local: a rank calling a different collective is a usage_error everywhere") {
   local_world::run(3, [](local_comm& comm) {

@@ -30,7 +30,7 @@ using trident::reduce_op;
 namespace {
 
 //! The communicator every test uses: a duplicate of MPI_COMM_WORLD made in main(), argument
-//! checks off whatever the environment says.
+//! checks off whatever the environment says (the shared suite below turns them on and off).
 trident::mpi_comm& world() { return test_support::mpi_world(); }
 
 constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::max, reduce_op::min, reduce_op::prod};
@@ -567,16 +567,24 @@ TEST_CASE("mpi_environment inside an initialised MPI does nothing, and does not 
   CHECK(finalized == 0);
 }
 
-TEST_CASE("check_arguments defaults to TRIDENT_CHECK_COLLECTIVES=1") {
-  ::setenv("TRIDENT_CHECK_COLLECTIVES", "1", 1);
-  trident::mpi_comm checked(MPI_COMM_WORLD);
-  ::setenv("TRIDENT_CHECK_COLLECTIVES", "0", 1);
-  trident::mpi_comm unchecked(MPI_COMM_WORLD);
+TEST_CASE("check_arguments is on by default; only TRIDENT_CHECK_COLLECTIVES=0 turns it off") {
+  const char* before = std::getenv("TRIDENT_CHECK_COLLECTIVES");
+  const std::string saved = before != nullptr ? before : "";
+  const auto made_with = [](const char* value) {
+    if (value != nullptr) ::setenv("TRIDENT_CHECK_COLLECTIVES", value, 1);
+    else ::unsetenv("TRIDENT_CHECK_COLLECTIVES");
+    return trident::mpi_comm(MPI_COMM_WORLD).check_arguments();
+  };
+  CHECK(made_with(nullptr));
+  CHECK(made_with("1"));
+  CHECK(made_with(""));
+  CHECK(made_with("off"));  // not "0": a typo must not drop the check
+  CHECK_FALSE(made_with("0"));
   ::unsetenv("TRIDENT_CHECK_COLLECTIVES");
-  CHECK(checked.check_arguments());
-  CHECK_FALSE(unchecked.check_arguments());
-  CHECK(checked.split(0, 0).check_arguments());  // inherited
-  CHECK_FALSE(trident::mpi_comm(MPI_COMM_WORLD, false).check_arguments());
+  CHECK(trident::mpi_comm::world().check_arguments());
+  CHECK(trident::mpi_comm(MPI_COMM_WORLD, true).split(0, 0).check_arguments());  // inherited
+  CHECK_FALSE(trident::mpi_comm(MPI_COMM_WORLD, false).split(0, 0).check_arguments());
+  if (before != nullptr) ::setenv("TRIDENT_CHECK_COLLECTIVES", saved.c_str(), 1);
 }
 
 // ---- errors ------------------------------------------------------------------------------------
@@ -634,6 +642,7 @@ TEST_CASE("check_arguments: ranks that disagree all get the same usage_error, an
   const int rank = comm.rank();
   const int ranks = comm.size();
   CAPTURE(rank);
+  const bool before = comm.check_arguments();
   comm.check_arguments(true);
   const auto expect_on_every_rank = [&](auto&& call, const std::string& text) {
     try {
@@ -678,29 +687,61 @@ TEST_CASE("check_arguments: ranks that disagree all get the same usage_error, an
   std::vector<std::int32_t> x{1};
   comm.all_reduce(x);
   CHECK(x[0] == ranks);
+  comm.check_arguments(before);
 }
 
 // ---- the backend-independent suite, on MPI -----------------------------------------------------
+// Each body runs twice: with the cross-rank argument check (the default, so it must never refuse
+// a valid call) and without it (TRIDENT_CHECK_COLLECTIVES=0, the opt-out for speed).
 
-TEST_CASE("mpi suite: all_reduce, every type x op x size") { suite::all_reduce(world()); }
-TEST_CASE("mpi suite: all_reduce of 10M floats") { suite::all_reduce_large(world()); }
-TEST_CASE("mpi suite: results identical on every rank and run to run") { suite::deterministic(world()); }
-TEST_CASE("mpi suite: reduce_scatter") { suite::reduce_scatter(world()); }
-TEST_CASE("mpi suite: all_gather") { suite::all_gather(world()); }
-TEST_CASE("mpi suite: broadcast") { suite::broadcast(world()); }
-TEST_CASE("mpi suite: reduce") { suite::reduce(world()); }
-TEST_CASE("mpi suite: all_to_all") { suite::all_to_all(world()); }
-TEST_CASE("mpi suite: point to point") { suite::point_to_point(world()); }
-TEST_CASE("mpi suite: asynchronous forms") { suite::asynchronous(world()); }
-TEST_CASE("mpi suite: split") { suite::split(world()); }
-TEST_CASE("mpi suite: bad input") { suite::bad_input(world()); }
-TEST_CASE("mpi suite: fp16/bf16 avg does not overflow") { suite::average_without_overflow(world()); }
-TEST_CASE("mpi suite: max and min propagate NaN from any rank") { suite::nan_propagates(world()); }
-TEST_CASE("mpi suite: process grid, every factorisation of the world") { suite::grid(world()); }
+namespace {
+
+//! Runs `body` on world() with the argument check on, then off; restores the setting after.
+template <class Body>
+void checked_and_unchecked(Body&& body) {
+  struct restore {
+    trident::mpi_comm& comm;
+    bool was;
+    ~restore() { comm.check_arguments(was); }
+  } guard{world(), world().check_arguments()};
+  for (const bool check : {true, false}) {
+    CAPTURE(check);
+    world().check_arguments(check);
+    body(world());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi suite: all_reduce, every type x op x size") { checked_and_unchecked([](auto& c) { suite::all_reduce(c); }); }
+TEST_CASE("mpi suite: all_reduce of 10M floats") { checked_and_unchecked([](auto& c) { suite::all_reduce_large(c); }); }
+TEST_CASE("mpi suite: results identical on every rank and run to run") {
+  checked_and_unchecked([](auto& c) { suite::deterministic(c); });
+}
+TEST_CASE("mpi suite: reduce_scatter") { checked_and_unchecked([](auto& c) { suite::reduce_scatter(c); }); }
+TEST_CASE("mpi suite: all_gather") { checked_and_unchecked([](auto& c) { suite::all_gather(c); }); }
+TEST_CASE("mpi suite: broadcast") { checked_and_unchecked([](auto& c) { suite::broadcast(c); }); }
+TEST_CASE("mpi suite: reduce") { checked_and_unchecked([](auto& c) { suite::reduce(c); }); }
+TEST_CASE("mpi suite: all_to_all") { checked_and_unchecked([](auto& c) { suite::all_to_all(c); }); }
+TEST_CASE("mpi suite: point to point") { checked_and_unchecked([](auto& c) { suite::point_to_point(c); }); }
+TEST_CASE("mpi suite: asynchronous forms") { checked_and_unchecked([](auto& c) { suite::asynchronous(c); }); }
+TEST_CASE("mpi suite: split") { checked_and_unchecked([](auto& c) { suite::split(c); }); }
+TEST_CASE("mpi suite: bad input") { checked_and_unchecked([](auto& c) { suite::bad_input(c); }); }
+TEST_CASE("mpi suite: fp16/bf16 avg does not overflow") {
+  checked_and_unchecked([](auto& c) { suite::average_without_overflow(c); });
+}
+TEST_CASE("mpi suite: max and min propagate NaN from any rank") {
+  static_assert(trident::mpi_comm::max_min_nan == trident::nan_in_max_min::propagate);
+  checked_and_unchecked([](auto& c) { suite::max_min_with_nan(c); });
+}
+TEST_CASE("mpi suite: process grid, every factorisation of the world") {
+  checked_and_unchecked([](auto& c) { suite::grid(c); });
+}
 TEST_CASE("mpi suite: mismatched calls are detected on every rank (check_arguments on)") {
+  const bool before = world().check_arguments();
   world().check_arguments(true);
   suite::mismatched_counts(world());
-  world().check_arguments(false);
+  world().check_arguments(before);
 }
 
 int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }

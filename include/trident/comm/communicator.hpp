@@ -3,6 +3,7 @@
 // front-end that gives them one API and one set of argument checks.
 //
 //   enum class reduce_op                  sum, avg, max, min, prod
+//   enum class nan_in_max_min             propagate, drop: what a backend's max and min do with NaN
 //   (space_span<T, S>, the {pointer, size} tagged with its memory space, is in core/space_span.hpp)
 //   template <memory_space S>             p2p_op: one send or receive of a grouped exchange
 //   struct collective_call                a type-erased collective, what backends execute
@@ -18,15 +19,17 @@
 //   void execute(std::span<const p2p_op<Space>>);      grouped point-to-point
 //   request start(std::span<const p2p_op<Space>>);
 //   void barrier(); void synchronize(); Backend split(int color, int key);
+//   static constexpr nan_in_max_min max_min_nan;       what its max and min do with NaN
 // or by writing the members the concept checks by hand.
 //
 // Argument checks are local: when every rank passes the same bad arguments, every rank throws
 // usage_error. When only some do, the thread backend turns the escaping exception into an error
 // on the others; MPI and NCCL cannot (the other ranks are already inside the library), so a
 // trainer that catches usage_error on one rank must not go on to the next collective.
-// Mismatched arguments between ranks are detected by the thread backend always, by MPI with
-// check_arguments(true), by NCCL not at all. Point-to-point size mismatches are detected on
-// both sides by the thread backend, on the receiving side by MPI.
+// Mismatched arguments between ranks are detected by the thread backend always, by MPI unless
+// its check is turned off (check_arguments(false), TRIDENT_CHECK_COLLECTIVES=0), by NCCL not at
+// all. Point-to-point size mismatches are detected on both sides by the thread backend, on the
+// receiving side by MPI.
 //
 // Completion: an operation's effects are visible when the backend says it is done, which for
 // host backends is on return (sync) or after wait() (async); for NCCL it is in stream order
@@ -64,6 +67,20 @@ constexpr std::string_view name_of(reduce_op op) noexcept {
   }
   return "unknown";
 }
+
+//! What max and min over floating-point types (float32, float64, fp16, bf16) give in an element
+//! where some rank holds NaN. Backends differ, so each states its rule as
+//! `static constexpr nan_in_max_min max_min_nan`, and generic code that looks for NaN with a
+//! max or min reads it instead of assuming:
+//!   propagate  NaN when any rank holds NaN there (IEEE 754-2019 maximum / minimum, as PyTorch's
+//!              max): the thread and MPI backends (comm/host_reduce.hpp);
+//!   drop       NaN only when every rank holds NaN there, otherwise the max / min of the ranks
+//!              that do not (IEEE 754-2008 maxNum / minNum, C's fmax): NCCL, whose kernels use
+//!              fmaxf / fminf and __hmax / __hmin.
+//! Either way the result does not depend on which rank holds the NaN.
+//!
+//!   if constexpr (Comm::max_min_nan == trident::nan_in_max_min::drop) { /* count NaNs with a sum */ }
+enum class nan_in_max_min { propagate, drop };
 
 //! The collectives, as backends see them in a collective_call.
 enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
@@ -498,6 +515,7 @@ concept communicator =
              std::span<const p2p_op<typename C::space>> ops, reduce_op op, int peer) {
       { cc.rank() } -> std::same_as<int>;
       { cc.size() } -> std::same_as<int>;
+      { C::max_min_nan } -> std::convertible_to<nan_in_max_min>;
       c.all_reduce(in, out, op);
       c.all_reduce(out, op);
       c.reduce_scatter(in, out, op);

@@ -8,10 +8,12 @@
 //   detail::premultiplied_avg(dtype, op)              avg of fp16/bf16: inputs scaled first
 //   detail::host_prescale(dtype, dst, src, n, ranks)  dst[i] = T(src[i] * (1/ranks))
 //
-// Every backend reduces the same way, so a result does not depend on the backend or on which
-// rank holds which value:
+// The host backends reduce the same way, so a result does not depend on which of them runs it
+// or on which rank holds which value:
 //   * max and min propagate NaN (a NaN on any rank gives NaN, as IEEE 754-2019's maximum and
-//     PyTorch do); std::max would keep or drop it depending on the operand order, i.e. the rank;
+//     PyTorch do); std::max would keep or drop it depending on the operand order, i.e. the rank.
+//     NCCL differs here: its fmaxf drops a NaN unless every rank holds one (nccl_comm's
+//     max_min_nan; see comm/nccl.hpp), also whichever rank holds it;
 //   * avg over fp16/bf16 scales every input by 1/ranks (rounded to the type) before summing, as
 //     NCCL's PreMulSum does: summing first overflows (four ranks averaging 30000 in fp16 gave
 //     inf). Wider types sum, then divide.

@@ -261,6 +261,8 @@ inline std::size_t mod(long long a, int n) { return static_cast<std::size_t>(((a
 class local_comm : public collectives<local_comm, host_space> {
  public:
   class request;
+  //! max and min give NaN wherever any rank holds one (detail::host_combine).
+  static constexpr nan_in_max_min max_min_nan = nan_in_max_min::propagate;
 
   local_comm(local_comm&& other) noexcept { *this = std::move(other); }
   // Queued asynchronous work refers to the object that started it: finish it before moving.

@@ -8,7 +8,7 @@
 //     static mpi_comm world()                  a duplicate of MPI_COMM_WORLD
 //     explicit mpi_comm(MPI_Comm[, bool])      a duplicate of any communicator
 //     MPI_Comm native() const; int rank() const; int size() const
-//     void check_arguments(bool) / bool check_arguments() const
+//     void check_arguments(bool) / bool check_arguments() const    the cross-rank check, on by default
 //     execute/start (collective_call | span<const p2p_op>), barrier(), synchronize(), split()
 //
 // Launch with mpirun, or with Slurm's srun (`srun --mpi=pmix`: Debian's OpenMPI wires up through
@@ -28,9 +28,16 @@
 //     MPI_Finalize destroys MPI_COMM_SELF) that call detail::host_combine: MPI 3.1 has no 16-bit
 //     floating-point types, and its predefined ops refuse the opaque two-byte types of to_mpi();
 //     so are max and min over float32/float64, because MPI_MAX may keep or drop a NaN depending
-//     on which rank holds it, and trident's max propagates NaN on every backend;
+//     on which rank holds it, and trident's host backends propagate NaN from any rank
+//     (mpi_comm::max_min_nan; NCCL drops it instead, see nan_in_max_min);
 //   * counts are MPI `int`s: a call of more than INT_MAX elements is a usage_error, never a
-//     silently truncated count.
+//     silently truncated count;
+//   * MPI trusts every rank to pass the same kind, count, type, op and root, and a count that
+//     differs lets it write past the smaller buffer (Open MPI 4.1 corrupts the heap with 8
+//     against 8M floats). So each collective and barrier first compares them across ranks in one
+//     small all-reduce and throws usage_error on every rank on a mismatch: on by default;
+//     TRIDENT_CHECK_COLLECTIVES=0 or mpi_comm(comm, false) turns it off for speed, and then a
+//     mismatch hangs until the watchdog ends the job, or corrupts memory first.
 #pragma once
 
 #include "trident/core/config.hpp"
@@ -156,7 +163,7 @@ class mpi_watchdog {
                      "trident: rank %d waited %lld ms in %s (timeout %lld ms): a peer is not taking part (a different "
                      "collective or argument, or it has left). MPI cannot cancel a collective, so the job is ended "
                      "with MPI_Abort instead of hanging. TRIDENT_MPI_TIMEOUT (seconds, 0 = off) sets the timeout; "
-                     "TRIDENT_CHECK_COLLECTIVES=1 turns mismatches into errors.\n",
+                     "the argument check (on unless TRIDENT_CHECK_COLLECTIVES=0) turns mismatches into errors.\n",
                      s.rank.load(std::memory_order_relaxed), static_cast<long long>(waited.count()), what ? what : "an MPI call",
                      static_cast<long long>(limit));
         std::fflush(stderr);
@@ -480,9 +487,11 @@ inline void abandon(std::vector<MPI_Request>& handles, const std::vector<mpi_com
   handles.clear();
 }
 
+//! The default of mpi_comm::check_arguments(): on, unless TRIDENT_CHECK_COLLECTIVES=0. Any other
+//! value counts as on, so a typo never drops the safety net.
 inline bool check_collectives_from_environment() noexcept {
   const char* value = std::getenv("TRIDENT_CHECK_COLLECTIVES");
-  return value != nullptr && std::string_view(value) == "1";
+  return value == nullptr || std::string_view(value) != "0";
 }
 
 }  // namespace detail
@@ -615,11 +624,13 @@ class mpi_request {
 //!   world.all_reduce(grads, trident::reduce_op::avg);
 //!   auto node = world.split(world.rank() / 8, world.rank());   // groups of 8
 //!
-//! Every rank must call collectives in the same order with matching arguments. With
-//! check_arguments(true) (or TRIDENT_CHECK_COLLECTIVES=1 in the environment) each collective
-//! first compares kind, count, element type, op and root across ranks, and a mismatch throws
-//! usage_error on every rank instead of hanging or corrupting memory; it costs one small
-//! all-reduce per call, so it is off by default.
+//! Every rank must call collectives in the same order with matching arguments. By default each
+//! collective (and barrier) first compares kind, count, element type, op and root across ranks,
+//! and a mismatch throws usage_error on every rank instead of hanging or corrupting memory. It
+//! costs one small all-reduce per call (0.3-0.4 us between two ranks in shared memory, a
+//! network round trip across nodes; bench/RESULTS.md), which matters only for small messages: TRIDENT_CHECK_COLLECTIVES=0 in the environment, mpi_comm(comm,
+//! false) or check_arguments(false) turns it off, at the price of a hang until the watchdog
+//! ends the job, or corrupted memory, when the ranks do disagree.
 //!
 //! Operations in flight together (several *_async requests) must use disjoint buffers: MPI
 //! orders their start, not their memory accesses. One mpi_comm is used by one thread at a time;
@@ -628,12 +639,14 @@ class mpi_request {
 class mpi_comm : public collectives<mpi_comm, host_space> {
  public:
   using request = mpi_request;
+  //! max and min give NaN wherever any rank holds one (user ops over detail::host_combine).
+  static constexpr nan_in_max_min max_min_nan = nan_in_max_min::propagate;
 
   //! A communicator over all processes (a duplicate of MPI_COMM_WORLD).
   static mpi_comm world() { return mpi_comm(MPI_COMM_WORLD); }
 
-  //! A duplicate of `comm` (collective over comm). The argument check follows
-  //! TRIDENT_CHECK_COLLECTIVES.
+  //! A duplicate of `comm` (collective over comm). The argument check is on unless
+  //! TRIDENT_CHECK_COLLECTIVES=0.
   explicit mpi_comm(MPI_Comm comm) : mpi_comm(comm, detail::check_collectives_from_environment()) {}
   //! The same, with the cross-rank argument check on or off.
   mpi_comm(MPI_Comm comm, bool check_arguments) : check_(check_arguments) {
@@ -980,7 +993,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     return p;
   }
 
-  //! The optional check: one all-reduce of (x, -x) with MPI_MAX gives every rank the maximum
+  //! The argument check: one all-reduce of (x, -x) with MPI_MAX gives every rank the maximum
   //! and the minimum of each field, so all ranks reach the same verdict.
   // A barrier takes part as kind 100 with no other fields.
   void check_agreement(const collective_call& c, bool barrier = false) {
@@ -1023,7 +1036,7 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 0;
-  bool check_ = false;
+  bool check_ = true;
   std::chrono::milliseconds timeout_ = detail::mpi_seconds_from_environment("TRIDENT_MPI_TIMEOUT", std::chrono::seconds(300));
 };
 

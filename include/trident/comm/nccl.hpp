@@ -10,6 +10,7 @@
 //   constexpr ncclRedOp_t to_nccl(reduce_op)
 //   struct nccl_options                    timeout, host_id_per_rank (tests), stream
 //   class nccl_comm                        models trident::communicator over cuda_space
+//     max_min_nan = nan_in_max_min::drop   (NaN in max / min: below)
 //     static init(id, rank, size, options), static from_mpi(MPI_Comm, options)
 //     rank(), size(), device(), stream(), native()
 //     execute / start (collectives and grouped point-to-point), barrier, synchronize, split
@@ -19,6 +20,15 @@
 // on stream(), exactly like NCCL itself; synchronize(), barrier() or a request's wait() block
 // the host. Work producing the inputs on another stream must be ordered before it by the
 // caller (an event, or by passing that stream as nccl_options::stream).
+//
+// NaN in max and min: dropped, unlike the host backends. NCCL's kernels (src/device/
+// reduce_kernel.h) combine float32 with fmaxf / fminf, float64 with fmax / fmin, and fp16 / bf16
+// with __hmax / __hmin on sm_80 and later (fmaxf / fminf of the widened values before): each
+// returns the other operand when one is NaN. So an element is NaN only when every rank holds NaN
+// there; otherwise it is the max / min of the ranks that do not, whichever rank holds the NaN.
+// The thread and MPI backends propagate NaN from any rank instead (nccl_comm::max_min_nan is
+// nan_in_max_min::drop, theirs propagate). To learn whether any rank saw a NaN, reduce a count
+// or a flag with sum, not the data with max.
 //
 // No hangs: every communicator is non-blocking (NCCL's `blocking = 0`), and every wait on it —
 // initialisation, an enqueue that NCCL reports as in progress, synchronize(), a request — polls
@@ -418,6 +428,9 @@ class nccl_group {
 class nccl_comm : public collectives<nccl_comm, cuda_space> {
  public:
   class request;
+  //! max and min drop NaN unless every rank holds NaN in that element (NCCL's fmaxf / __hmax);
+  //! see the header comment.
+  static constexpr nan_in_max_min max_min_nan = nan_in_max_min::drop;
 
   nccl_comm(nccl_comm&&) noexcept = default;
   nccl_comm& operator=(nccl_comm&&) noexcept = default;
