@@ -655,4 +655,49 @@ void max_min_with_nan(C& comm) {
   check_type(trident::bf16{});
 }
 
+//! traffic(): calls and payload bytes per kind (an all_gather counts its output, the other
+//! collectives their input), the asynchronous forms too, the same on every rank; a call its
+//! argument checks refuse is not counted, and reset_traffic() starts again from zero.
+template <class C>
+void traffic(C& comm) {
+  using S = typename C::space;
+  using count = trident::traffic_counters::count;
+  const auto n = static_cast<std::size_t>(comm.size());
+  const int r = comm.rank();
+  comm.reset_traffic();
+  CHECK(comm.traffic().total() == count{});
+  trident::buffer<float, S> a(6 * n), b(6 * n), piece(6), other(6);
+  trident::buffer<double, S> d(5);
+  trident::fill_zero(a);
+  trident::fill_zero(piece);
+  trident::fill_zero(d);
+  comm.all_reduce(a);
+  comm.all_reduce_async(d, reduce_op::max).wait();
+  comm.reduce_scatter(a, piece);
+  comm.all_gather(piece, b);
+  comm.broadcast(d, 0);
+  comm.reduce(piece, other, 0);
+  comm.all_to_all(a, b);
+  if (n > 1) {
+    using op = trident::p2p_op<S>;
+    comm.exchange({op::send(piece, (r + 1) % comm.size()), op::recv(other, (r + comm.size() - 1) % comm.size())});
+  }
+  trident::buffer<float, S> longer(6 * n + 1);
+  CHECK_THROWS_AS(comm.all_reduce(a, longer), trident::usage_error);  // sizes differ: refused, not counted
+  comm.synchronize();
+  const auto& t = comm.traffic();
+  const std::uint64_t f = sizeof(float), dbl = sizeof(double);
+  CHECK(t.of(trident::collective::all_reduce) == count{2, 6 * n * f + 5 * dbl});
+  CHECK(t.of(trident::collective::reduce_scatter) == count{1, 6 * n * f});
+  CHECK(t.of(trident::collective::all_gather) == count{1, 6 * n * f});
+  CHECK(t.of(trident::collective::broadcast) == count{1, 5 * dbl});
+  CHECK(t.of(trident::collective::reduce) == count{1, 6 * f});
+  CHECK(t.of(trident::collective::all_to_all) == count{1, 6 * n * f});
+  CHECK(t.sends == (n > 1 ? count{1, 6 * f} : count{}));
+  CHECK(t.receives == t.sends);
+  CHECK(t.total().calls == 7 + (n > 1 ? 2u : 0u));
+  comm.reset_traffic();
+  CHECK(comm.traffic().total() == count{});
+}
+
 }  // namespace suite

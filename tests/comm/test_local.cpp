@@ -107,6 +107,8 @@ TEST_CASE("local: max and min propagate NaN from any rank") {
   on_every_size([](auto& c) { suite::max_min_with_nan(c); });
 }
 
+TEST_CASE("local: traffic counts calls and payload bytes per kind") { on_every_size([](auto& c) { suite::traffic(c); }); }
+
 TEST_CASE("local: a rank calling a different collective is a usage_error everywhere") {
   local_world::run(3, [](local_comm& comm) {
     std::vector<float> x(4, 1.0f);

@@ -734,6 +734,9 @@ TEST_CASE("mpi suite: max and min propagate NaN from any rank") {
   static_assert(trident::mpi_comm::max_min_nan == trident::nan_in_max_min::propagate);
   checked_and_unchecked([](auto& c) { suite::max_min_with_nan(c); });
 }
+TEST_CASE("mpi suite: traffic counts calls and payload bytes per kind") {
+  checked_and_unchecked([](auto& c) { suite::traffic(c); });
+}
 TEST_CASE("mpi suite: process grid, every factorisation of the world") {
   checked_and_unchecked([](auto& c) { suite::grid(c); });
 }

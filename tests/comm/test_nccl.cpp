@@ -131,6 +131,7 @@ TEST_CASE("one rank: the shared backend suite") {
   SUBCASE("point_to_point") { suite::point_to_point(comm); }
   SUBCASE("asynchronous") { suite::asynchronous(comm); }
   SUBCASE("split") { suite::split(comm); }
+  SUBCASE("traffic") { suite::traffic(comm); }
   SUBCASE("bad_input") { suite::bad_input(comm); }
   SUBCASE("average_without_overflow") { suite::average_without_overflow(comm); }
   // One rank holding NaN is every rank holding it: NaN stays, as on the host backends.

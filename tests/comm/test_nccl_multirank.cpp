@@ -72,6 +72,7 @@ TEST_CASE("two ranks: the shared backend suite") {
   SUBCASE("point_to_point") { suite::point_to_point(comm()); }
   SUBCASE("asynchronous") { suite::asynchronous(comm()); }
   SUBCASE("split") { suite::split(comm()); }
+  SUBCASE("traffic") { suite::traffic(comm()); }
   SUBCASE("bad_input") { suite::bad_input(comm()); }
   SUBCASE("average_without_overflow") { suite::average_without_overflow(comm()); }
   // NCCL drops a NaN that not every rank holds (fmaxf), where the host backends propagate it.

@@ -383,6 +383,59 @@ void activation_bytes(Comm& tp, bool sequence_parallel) {
   CHECK(static_cast<double>(measured) == formula);
 }
 
+//! Bytes communicated per block and step (forward + backward), counted by the communicator,
+//! against the analytic volume. Without sequence parallelism Megatron's four all-reduces of
+//! [seq x batch, hidden]; with it the same volume as four reduce-scatters and four all-gathers
+//! (an all-reduce is one of each), plus what this block adds on purpose: two all-gathers that
+//! fetch the norms' outputs again in backward (Korthikanti et al. 4.2.2: memory / t for it) and
+//! one all-reduce of the norms' 4 x hidden weight gradients. Nothing else moves.
+template <class Comm>
+void block_traffic(Comm& tp, bool sequence_parallel) {
+  const tensor::block_config config{.seq = 12, .batch = 2, .hidden = 24, .heads = 4, .ffn = 96, .eps = 1e-5f,
+                                    .sequence_parallel = sequence_parallel};
+  const tensor::transformer_block block(tp, config, "h0");
+  std::vector<std::vector<float>> w, g;
+  std::uint64_t k = 700;
+  for (const auto& p : block.parameters()) {
+    w.push_back(random(p.split.local_numel(), ++k, 0.3f));
+    g.emplace_back(p.split.local_numel(), 0.0f);
+  }
+  std::array<std::span<const float>, 12> ws;
+  std::array<std::span<float>, 12> gs;
+  for (std::size_t i = 0; i < 12; ++i) {
+    ws[i] = w[i];
+    gs[i] = g[i];
+  }
+  const std::size_t m = block.local_rows() * config.hidden;
+  const auto x = random(m, 710), dy = random(m, 711);
+  std::vector<float> y(m), dx(m);
+  auto saved = block.make_activations();
+  tp.reset_traffic();
+  block.forward(tp, tensor::block_tensors<const float>::from(ws), x, y, saved);
+  block.backward(tp, tensor::block_tensors<const float>::from(ws), saved, dy, dx, tensor::block_tensors<float>::from(gs));
+  using count = trident::traffic_counters::count;
+  const auto& t = tp.traffic();
+  const std::uint64_t sbh = config.seq * config.batch * config.hidden * sizeof(float);
+  const std::uint64_t norms = 4 * config.hidden * sizeof(float);
+  if (!sequence_parallel) {
+    CHECK(t.of(trident::collective::all_reduce) == count{4, 4 * sbh});
+    CHECK(t.total() == count{4, 4 * sbh});
+  } else {
+    CHECK(t.of(trident::collective::reduce_scatter) == count{4, 4 * sbh});
+    CHECK(t.of(trident::collective::all_gather) == count{4 + 2, (4 + 2) * sbh});
+    CHECK(t.of(trident::collective::all_reduce) == count{1, norms});
+    CHECK(t.total() == count{11, 10 * sbh + norms});
+  }
+  const std::string report = std::string("bytes per block and step, t = ") + std::to_string(tp.size()) +
+                             (sequence_parallel ? " with" : " without") + " sequence parallelism: counted " +
+                             std::to_string(t.total().bytes) + " B in " + std::to_string(t.total().calls) + " calls; " +
+                             (sequence_parallel ? "analytic 4 reduce-scatters + 4 all-gathers of sbh = " + std::to_string(8 * sbh) +
+                                                      " B, + 2 re-gathers (" + std::to_string(2 * sbh) + " B) + the norms' "
+                                                      "gradients (" + std::to_string(norms) + " B)"
+                                                : "analytic 4 all-reduces of sbh = " + std::to_string(4 * sbh) + " B");
+  if (tp.rank() == 0) MESSAGE(report);
+}
+
 //! Heads, MLP features or a fused weight that t does not divide are named as such.
 template <class Comm>
 void block_bad_shapes(Comm& tp) {

@@ -57,6 +57,11 @@ TEST_CASE("activation bytes kept per block follow Korthikanti et al.'s counts (t
     for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::activation_bytes(tp, sp); });
 }
 
+TEST_CASE("bytes communicated per block and step equal the analytic volume (threads, t = 1, 2, 4)") {
+  for (int t : {1, 2, 4})
+    for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::block_traffic(tp, sp); });
+}
+
 TEST_CASE("transformer block: heads and features that t does not divide are named (threads)") {
   for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
 }

@@ -7,7 +7,9 @@
 //   (space_span<T, S>, the {pointer, size} tagged with its memory space, is in core/space_span.hpp)
 //   template <memory_space S>             p2p_op: one send or receive of a grouped exchange
 //   struct collective_call                a type-erased collective, what backends execute
-//   template <class D, memory_space S>    collectives: CRTP front-end (validation, overloads)
+//   template <class D, memory_space S>    collectives: CRTP front-end (validation, overloads,
+//                                         traffic(): calls and payload bytes per kind)
+//   struct traffic_counters               what a communicator was asked to move
 //   concept request<R>                    wait(), test()
 //   concept communicator<C>               what generic code (ZeRO, pipelines, grids) relies on
 //
@@ -34,8 +36,10 @@
 // Completion: an operation's effects are visible when the backend says it is done, which for
 // host backends is on return (sync) or after wait() (async); for NCCL it is in stream order
 // on the communicator's stream (synchronize() or a request's wait() blocks the host).
+#include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <initializer_list>
 #include <ranges>
@@ -208,6 +212,40 @@ constexpr void require_same_element() {
 
 }  // namespace detail
 
+//! What a communicator was asked to move since it was made (or reset_traffic()): per kind of
+//! call, how many and their payload in bytes. The payload is the buffer the call is about: an
+//! all_reduce's data, a reduce_scatter's input, an all_gather's output, a broadcast's data, a
+//! reduce's input, an all_to_all's input, a send's or receive's message. What a backend then
+//! puts on the wire depends on its algorithm (a ring all-reduce sends 2(n-1)/n of the payload
+//! per rank); the payload is what an analytic count of a parallel scheme predicts (Megatron's
+//! four all-reduces of [seq x batch, hidden] per transformer block and step).
+//!
+//!   comm.reset_traffic();
+//!   step();
+//!   comm.traffic().of(trident::collective::all_reduce).bytes;
+struct traffic_counters {
+  struct count {
+    std::uint64_t calls = 0;
+    std::uint64_t bytes = 0;
+    friend bool operator==(const count&, const count&) = default;
+  };
+  std::array<count, 6> collectives{};  // indexed by collective
+  count sends, receives;
+
+  const count& of(collective c) const noexcept { return collectives[static_cast<std::size_t>(c)]; }
+  //! Every kind together.
+  count total() const noexcept {
+    count t = sends;
+    t.calls += receives.calls;
+    t.bytes += receives.bytes;
+    for (const count& c : collectives) {
+      t.calls += c.calls;
+      t.bytes += c.bytes;
+    }
+    return t;
+  }
+};
+
 //! The public face of every backend: checks arguments the same way everywhere (sizes, roots,
 //! peers), turns them into collective_call / p2p_op lists and hands them to the backend's
 //! execute() / start(). All ranks must call collectives in the same order with matching
@@ -220,6 +258,11 @@ template <class Derived, memory_space Space>
 class collectives {
  public:
   using space = Space;
+
+  //! Calls and payload bytes per kind since construction or the last reset_traffic() (a split
+  //! or moved-to communicator starts from zero); counted when a call passes its argument checks.
+  const traffic_counters& traffic() const noexcept { return traffic_; }
+  void reset_traffic() noexcept { traffic_ = {}; }
 
   //! out[i] = op over ranks of in[i]; in and out have the same size (out may alias in).
   template <class In, class Out>
@@ -271,6 +314,7 @@ class collectives {
     const p2p_op<Space> op = make_send(data, peer, "send");
     TRIDENT_EXPECT(peer != self().rank(), "send: rank ", peer, " is this rank; a blocking send to oneself would "
                    "never complete (use exchange() with a matching recv)");
+    counted(op);
     self().execute(std::span<const p2p_op<Space>>(&op, 1));
   }
   template <class Data>
@@ -279,6 +323,7 @@ class collectives {
     const p2p_op<Space> op = make_recv(data, peer, "recv");
     TRIDENT_EXPECT(peer != self().rank(), "recv: rank ", peer, " is this rank; a blocking recv from oneself would "
                    "never complete (use exchange() with a matching send)");
+    counted(op);
     self().execute(std::span<const p2p_op<Space>>(&op, 1));
   }
   //! Sends and receives issued together and completed together (NCCL group, MPI Isend/Irecv
@@ -408,7 +453,7 @@ class collectives {
     TRIDENT_EXPECT(c.send_count == c.recv_count, "all_reduce: send has ", c.send_count, " elements but receive has ",
                    c.recv_count, "; expected the same size");
     check_disjoint_or_same(c);
-    return c;
+    return counted(c);
   }
   template <class In, class Out>
   collective_call reduce_scatter_call(In& in, Out& out, reduce_op op) {
@@ -422,7 +467,7 @@ class collectives {
     const bool in_place = static_cast<const void*>(static_cast<const std::byte*>(c.send) +
                                                    static_cast<std::size_t>(self().rank()) * c.recv_count * size_of(c.type)) == c.recv;
     if (!in_place) check_disjoint_chunked(c);
-    return c;
+    return counted(c);
   }
   template <class In, class Out>
   collective_call all_gather_call(In& in, Out& out) {
@@ -436,14 +481,14 @@ class collectives {
     // The input may also start where the output starts: every backend first copies it into this
     // rank's slot and only then receives into the rest, so that is legal too.
     if (!in_place) check_disjoint_or_same(c);
-    return c;
+    return counted(c);
   }
   template <class Data>
   collective_call broadcast_call(Data& data, int root) {
     auto c = pair_call(collective::broadcast, data, data);
     check_root("broadcast", root);
     c.root = root;
-    return c;
+    return counted(c);
   }
   template <class In, class Out>
   collective_call reduce_call(In& in, Out& out, int root, reduce_op op) {
@@ -459,7 +504,7 @@ class collectives {
       c.recv = nullptr;  // other ranks' receive buffers are never touched
       c.recv_count = 0;
     }
-    return c;
+    return counted(c);
   }
   template <class In, class Out>
   collective_call all_to_all_call(In& in, Out& out) {
@@ -475,7 +520,7 @@ class collectives {
                    "all_to_all: send and receive buffers overlap");
     TRIDENT_EXPECT(c.send != c.recv || c.send_count == 0, "all_to_all: in-place is not supported; use separate send and "
                    "receive buffers");
-    return c;
+    return counted(c);
   }
 
   template <class Data>
@@ -502,8 +547,26 @@ class collectives {
       TRIDENT_EXPECT(op.data != nullptr || op.count == 0, "exchange: an operation with peer ", op.peer, " has ",
                      op.count, " elements but a null pointer");
     }
+    for (const auto& op : ops) counted(op);
     return ops;
   }
+
+  // ---- traffic ----
+  void counted(const p2p_op<Space>& op) noexcept {
+    auto& c = op.kind == p2p_kind::send ? traffic_.sends : traffic_.receives;
+    ++c.calls;
+    c.bytes += op.count * size_of(op.type);
+  }
+  // A collective that passed its checks; the payload is the side named in traffic_counters.
+  collective_call counted(collective_call c) noexcept {
+    auto& t = traffic_.collectives[static_cast<std::size_t>(c.kind)];
+    ++t.calls;
+    const bool output = c.kind == collective::all_gather;
+    t.bytes += (output ? c.recv_count : c.send_count) * size_of(c.type);
+    return c;
+  }
+
+  traffic_counters traffic_;
 };
 
 //! What generic code may rely on. Checked with float spans of the communicator's space;
