@@ -38,6 +38,7 @@
 #endif
 
 #include "trident/model/flat_layout.hpp"
+#include "trident/model/init.hpp"
 #include "trident/model/sharding.hpp"
 #include "trident/precision/loss_scaler.hpp"
 #include "trident/precision/mixed_precision.hpp"

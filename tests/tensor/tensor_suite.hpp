@@ -436,6 +436,26 @@ void block_traffic(Comm& tp, bool sequence_parallel) {
   if (tp.rank() == 0) MESSAGE(report);
 }
 
+//! One seed, one model: the block's initialisation on t ranks is the parts of the one on a
+//! single rank, and it has GPT-2's shape (norm weights 1, biases 0, weights with std 0.02).
+template <class Comm>
+void init_independent_of_t(Comm& tp) {
+  const tensor::block_config config{.seq = 4, .batch = 1, .hidden = 24, .heads = 12, .ffn = 96};
+  auto alone = tp.split(tp.rank(), 0);
+  const tensor::transformer_block whole(alone, config, "h0"), parted(tp, config, "h0");
+  const auto full = whole.init_parameters(99, 12), mine = parted.init_parameters(99, 12);
+  const auto params = parted.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].name);
+    CHECK(mine[i] == part_of(params[i].split, tp.rank(), full[i]));
+  }
+  CHECK(full[0] == std::vector<float>(config.hidden, 1.0f));   // ln1.weight
+  CHECK(full[1] == std::vector<float>(config.hidden, 0.0f));   // ln1.bias
+  double squares = 0;
+  for (float v : full[8]) squares += static_cast<double>(v) * v;  // fc1.weight
+  CHECK(std::abs(std::sqrt(squares / static_cast<double>(full[8].size())) - 0.02) < 0.002);
+}
+
 //! Heads, MLP features or a fused weight that t does not divide are named as such.
 template <class Comm>
 void block_bad_shapes(Comm& tp) {

@@ -62,6 +62,10 @@ TEST_CASE("bytes communicated per block and step equal the analytic volume (thre
     for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::block_traffic(tp, sp); });
 }
 
+TEST_CASE("transformer block: one seed gives one model whatever t is (threads, t = 1..4)") {
+  for (int t = 1; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::init_independent_of_t(tp); });
+}
+
 TEST_CASE("transformer block: heads and features that t does not divide are named (threads)") {
   for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
 }

@@ -35,7 +35,9 @@
 //   blk.backward(tp, weights, saved, dy, dx, grads);     // grads accumulate (+=)
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
@@ -45,6 +47,7 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/model/flat_layout.hpp"
+#include "trident/model/init.hpp"
 #include "trident/model/sharding.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
@@ -110,7 +113,7 @@ class transformer_block {
 
   template <communicator Comm>
   transformer_block(const Comm& tp, block_config c, std::string name = "block")
-      : name_(std::move(name)), c_(validated(c, tp.size(), name_)), parts_(tp.size()),
+      : name_(std::move(name)), c_(validated(c, tp.size(), name_)), parts_(tp.size()), rank_(tp.rank()),
         qkv_(tp, c_.hidden, 3 * c_.hidden, name_ + ".attn.qkv"), proj_(tp, c_.hidden, c_.hidden, name_ + ".attn.proj"),
         fc1_(tp, c_.hidden, c_.ffn, name_ + ".mlp.fc1"), fc2_(tp, c_.ffn, c_.hidden, name_ + ".mlp.fc2") {
     detail::require_host_comm<Comm>();
@@ -138,6 +141,30 @@ class transformer_block {
             {name_ + ".ln2.weight", sharding::replicated({h})},  {name_ + ".ln2.bias", sharding::replicated({h})},
             {name_ + ".mlp.fc1.weight", fc1_.weight_sharding()},  {name_ + ".mlp.fc1.bias", fc1_.bias_sharding()},
             {name_ + ".mlp.fc2.weight", fc2_.weight_sharding()},  {name_ + ".mlp.fc2.bias", fc2_.bias_sharding()}};
+  }
+
+  //! This rank's parts of GPT-2's initialisation (Radford et al. 2019): weights N(0, 0.02), the
+  //! two projections into the residual stream N(0, 0.02 / sqrt(2 x layers)), biases 0, norm
+  //! weights 1; drawn by global index from (seed, parameter) (model/init.hpp), so every t gives
+  //! the same model. In parameters() order.
+  std::vector<std::vector<float>> init_parameters(std::uint64_t seed, int layers = 1) const {
+    TRIDENT_EXPECT(layers >= 1, name_, ".init_parameters: layers = ", layers, "; expected at least 1");
+    std::vector<std::vector<float>> out;
+    const auto ps = parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const auto& p = ps[i];
+      std::vector<float> local(p.split.local_numel());
+      const std::uint64_t stream = trident::detail::splitmix64(seed + i);
+      const bool bias = p.name.ends_with(".bias"), norm = p.name.find(".ln") != std::string::npos;
+      const bool residual = p.name.ends_with("proj.weight") || p.name.ends_with("fc2.weight");
+      if (bias) init_part(p.split, rank_, stream, init_constant{0.0f}, local);
+      else if (norm) init_part(p.split, rank_, stream, init_constant{1.0f}, local);
+      else
+        init_part(p.split, rank_, stream,
+                  init_normal{0.0f, residual ? static_cast<float>(0.02 / std::sqrt(2.0 * layers)) : 0.02f}, local);
+      out.push_back(std::move(local));
+    }
+    return out;
   }
 
   //! Adds this rank's parameters (local shapes) to a model_spec, all on `layer`, the shards
@@ -305,6 +332,7 @@ class transformer_block {
   std::string name_;
   block_config c_;
   int parts_;
+  int rank_;
   column_parallel_linear qkv_;
   row_parallel_linear proj_;
   column_parallel_linear fc1_;
