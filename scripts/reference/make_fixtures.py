@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """Record reference traces from the real DeepSpeed and PyTorch into tests/fixtures/.
 
-The C++ tests compare trident's loss scaler, learning-rate schedules and optimizers against
-these traces. Run it through scripts/reference/make_fixtures.sh, which makes the virtual
-environment with the pinned versions; the file format is described in tests/fixtures/README.md.
+The C++ tests compare trident's loss scaler, learning-rate schedules, optimizers and host
+reference layers (nn/) against these traces. Run it through scripts/reference/make_fixtures.sh,
+which makes the virtual environment with the pinned versions; the file format is described in
+tests/fixtures/README.md.
 
 Writes (all plain text, one record header line followed by its data lines):
   deepspeed_loss_scaler.txt  deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler.update_scale
   lr_schedules.txt           deepspeed.runtime.lr_schedules and torch.optim.lr_scheduler, 300 steps
   torch_optim.txt            torch.optim SGD / Adam / AdamW, float32, 200 steps, 16 elements
+  torch_layers.txt           torch.nn LayerNorm / RMSNorm, scaled_dot_product_attention(is_causal=
+                             True), gelu(approximate='tanh'), CrossEntropyLoss: float32 forward
+                             and backward on fixed small inputs
 
-Everything is seeded and single-threaded, and the script checks itself: the same schedule gives
-the same lr in lr_schedules.txt and torch_optim.txt, every number reads back to the value
-written, DeepSpeed's schedules equal the closed forms documented in the README, and so on.
+Everything is seeded (the layer inputs are made from integers) and single-threaded, and the
+script checks itself: the same schedule gives the same lr in lr_schedules.txt and
+torch_optim.txt, every number reads back to the value written, DeepSpeed's schedules equal the
+closed forms documented in the README, the layer cases repeat bit for bit, and so on.
 """
 
 from __future__ import annotations
@@ -691,6 +696,209 @@ def write_optim(path: Path, init, grads, traces) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# 4) torch.nn layers: float32 forward and backward on fixed small inputs (torch_layers.txt)
+
+PATTERN_MOD = 2039  # a prime
+
+
+def pattern(shape, mul: int, add: int, shift: int = 9, offset: float = 0.0) -> np.ndarray:
+    """Fixed inputs from integers: ((mul * i^2 + add * i + 1) % 2039 - 1019) / 2^shift + offset,
+    i the flat index (a quadratic, so that neighbours are not a ramp). Every value is exact in
+    float32 (a numerator below 2^10 over a power of two, plus a small power of two), so the inputs
+    depend on no random stream and any language can make them; the file holds them anyway."""
+    shape = tuple(shape)
+    i = np.arange(int(np.prod(shape)), dtype=np.int64)
+    n = (mul * i * i + add * i + 1) % PATTERN_MOD - PATTERN_MOD // 2
+    v = n.astype(np.float64) / float(2**shift) + offset
+    out = v.astype(np.float32).reshape(shape)
+    assert np.array_equal(out.astype(np.float64), v.reshape(shape)), "pattern values must be exact in float32"
+    return out
+
+
+@dataclass
+class LayerCase:
+    name: str
+    op: str  # layer_norm | rms_norm | causal_attention | gelu | cross_entropy
+    params: list  # (key, value) for the case header
+    inputs: list  # (tensor name, array)
+    outputs: list  # (tensor name, array)
+
+
+def as_np(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    assert t.dtype in (torch.float32, torch.float64, torch.int64) and t.device.type == "cpu"
+    return t.contiguous().numpy().copy()
+
+
+def tensor(a: np.ndarray, dtype=torch.float32, grad: bool = False) -> torch.Tensor:
+    t = torch.from_numpy(a.copy()).to(dtype)
+    return t.requires_grad_() if grad else t
+
+
+# Each case runs in float32, the recording; make_layer_cases runs it again in float64 to measure
+# how far torch's own float32 results are from exact (for the report and the README).
+
+
+def layer_norm_case(name, rows, hidden, eps, bias, offset=0.0, dtype=torch.float32) -> LayerCase:
+    x = pattern((rows, hidden), 37, 11, offset=offset)
+    weight = pattern((hidden,), 53, 5, shift=11, offset=1.0)  # around 1
+    b = pattern((hidden,), 71, 3, shift=11)
+    dy = pattern((rows, hidden), 29, 7)
+    m = torch.nn.LayerNorm(hidden, eps=eps, bias=bias, dtype=dtype)
+    with torch.no_grad():
+        m.weight.copy_(tensor(weight, dtype))
+        if bias:
+            m.bias.copy_(tensor(b, dtype))
+    xt = tensor(x, dtype, grad=True)
+    y = m(xt)
+    y.backward(tensor(dy, dtype))
+    # The statistics nn.LayerNorm saves for backward: it calls aten.native_layer_norm, which
+    # also returns them (checked: the same output bits).
+    y2, mean, rstd = torch.ops.aten.native_layer_norm(xt.detach(), [hidden], m.weight.detach(),
+                                                      m.bias.detach() if bias else None, eps)
+    assert torch.equal(y2, y.detach())
+    ins = [("x", x), ("weight", weight)] + ([("bias", b)] if bias else []) + [("dy", dy)]
+    outs = [("y", as_np(y)), ("mean", as_np(mean).reshape(rows)), ("rstd", as_np(rstd).reshape(rows)),
+            ("dx", as_np(xt.grad)), ("dweight", as_np(m.weight.grad))]
+    if bias:
+        outs.append(("dbias", as_np(m.bias.grad)))
+    params = [("rows", rows), ("hidden", hidden), ("eps", eps), ("bias", bias)]
+    return LayerCase(name, "layer_norm", params, ins, outs)
+
+
+def rms_norm_case(name, rows, hidden, eps, dtype=torch.float32) -> LayerCase:
+    x = pattern((rows, hidden), 43, 19)
+    weight = pattern((hidden,), 59, 23, shift=11, offset=1.0)
+    dy = pattern((rows, hidden), 31, 2)
+    m = torch.nn.RMSNorm(hidden, eps=eps, dtype=dtype)
+    with torch.no_grad():
+        m.weight.copy_(tensor(weight, dtype))
+    xt = tensor(x, dtype, grad=True)
+    y = m(xt)
+    y.backward(tensor(dy, dtype))
+    return LayerCase(name, "rms_norm", [("rows", rows), ("hidden", hidden), ("eps", eps)],
+                     [("x", x), ("weight", weight), ("dy", dy)],
+                     [("y", as_np(y)), ("dx", as_np(xt.grad)), ("dweight", as_np(m.weight.grad))])
+
+
+def attention_forward_backward(qkv: np.ndarray, dout: np.ndarray, dtype=torch.float32, backend=None):
+    """scaled_dot_product_attention(q, k, v, is_causal=True) with trident's layouts: qkv
+    [seq, batch, heads, 3, head_dim] in, out [seq, batch, heads, head_dim] out, dqkv as qkv."""
+    t = tensor(qkv, dtype, grad=True)
+    q, k, v = (t[:, :, :, j, :].permute(1, 2, 0, 3) for j in range(3))  # [batch, heads, seq, head_dim]
+    if backend is None:
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        with torch.nn.attention.sdpa_kernel(backend):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = o.permute(2, 0, 1, 3)  # [seq, batch, heads, head_dim]
+    out.backward(tensor(dout, dtype))
+    return out.detach().contiguous(), t.grad, o.grad_fn.name()
+
+
+def attention_case(name, seq, batch, heads, head_dim, shift=9, dtype=torch.float32) -> LayerCase:
+    qkv = pattern((seq, batch, heads, 3, head_dim), 61, 17, shift=shift)
+    dout = pattern((seq, batch, heads, head_dim), 41, 13)
+    out, dqkv, _ = attention_forward_backward(qkv, dout, dtype)
+    return LayerCase(name, "causal_attention",
+                     [("seq", seq), ("batch", batch), ("heads", heads), ("head_dim", head_dim)],
+                     [("qkv", qkv), ("dout", dout)], [("out", as_np(out)), ("dqkv", as_np(dqkv))])
+
+
+def gelu_case(name, rows, cols, dtype=torch.float32) -> LayerCase:
+    x = pattern((rows, cols), 67, 29, shift=7)  # [-8, 8]
+    dy = pattern((rows, cols), 47, 31)
+    xt = tensor(x, dtype, grad=True)
+    y = torch.nn.functional.gelu(xt, approximate="tanh")
+    y.backward(tensor(dy, dtype))
+    return LayerCase(name, "gelu", [("approximate", "tanh"), ("size", x.size)], [("x", x), ("dy", dy)],
+                     [("y", as_np(y)), ("dx", as_np(xt.grad))])
+
+
+def cross_entropy_case(name, batch, classes, dloss, dtype=torch.float32) -> LayerCase:
+    logits = pattern((batch, classes), 73, 37, shift=7)  # [-8, 8]
+    target = np.array([(r * 7 + 3) % classes for r in range(batch)], dtype=np.int64)
+    lt = tensor(logits, dtype, grad=True)
+    loss = torch.nn.CrossEntropyLoss()(lt, torch.from_numpy(target))
+    loss.backward(torch.tensor(dloss, dtype=dtype))
+    return LayerCase(name, "cross_entropy", [("batch", batch), ("classes", classes), ("dloss", dloss)],
+                     [("logits", logits), ("target", target)],
+                     [("loss", as_np(loss).reshape(1)), ("dlogits", as_np(lt.grad))])
+
+
+def layer_cases(dtype=torch.float32) -> list[LayerCase]:
+    d = dict(dtype=dtype)
+    return [
+        layer_norm_case("layer_norm_r3_h8", 3, 8, 1e-5, True, **d),
+        layer_norm_case("layer_norm_r4_h64_offset8", 4, 64, 1e-5, True, offset=8.0, **d),  # mean >> std
+        layer_norm_case("layer_norm_r3_h8_nobias_eps1e-3", 3, 8, 1e-3, False, **d),
+        rms_norm_case("rms_norm_r3_h8", 3, 8, 1e-6, **d),
+        rms_norm_case("rms_norm_r4_h64_eps1e-5", 4, 64, 1e-5, **d),
+        attention_case("attention_s5_b2_h3_d4", 5, 2, 3, 4, **d),
+        attention_case("attention_s7_b1_h2_d8_sharp", 7, 1, 2, 8, shift=7, **d),  # |qkv| <= 8: peaked softmax
+        attention_case("attention_s32_b2_h2_d16", 32, 2, 2, 16, **d),
+        gelu_case("gelu_r4_c64", 4, 64, **d),
+        cross_entropy_case("cross_entropy_b4_c10", 4, 10, 1.0, **d),
+        cross_entropy_case("cross_entropy_b3_c50_dloss0.5", 3, 50, 0.5, **d),
+    ]
+
+
+def normwise(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / max |b| (0 when both are 0)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    top = float(np.abs(a64 - b64).max()) if a.size else 0.0
+    return top / max(float(np.abs(b64).max()), 1e-300) if top else 0.0
+
+
+def make_layer_cases():
+    cases = layer_cases()
+    again = layer_cases()
+    for c, d in zip(cases, again):  # deterministic
+        assert [n for n, _ in c.outputs] == [n for n, _ in d.outputs]
+        assert all(np.array_equal(x, y) for (_, x), (_, y) in zip(c.outputs, d.outputs)), c.name
+        assert all(np.all(np.isfinite(a)) for _, a in c.outputs), c.name
+    # For the report and the README: how far torch's float32 results are from its own float64
+    # ones (normwise, per output), and, for attention, from its other CPU backend.
+    notes = []
+    for c, c64 in zip(cases, layer_cases(torch.float64)):
+        notes.append((c.name, "float32 vs float64", " ".join(
+            f"{n}:{normwise(a, b):.2g}" for (n, a), (_, b) in zip(c.outputs, c64.outputs))))
+    from torch.nn.attention import SDPBackend
+    for c in cases:
+        if c.op != "causal_attention":
+            continue
+        qkv, dout = dict(c.inputs)["qkv"], dict(c.inputs)["dout"]
+        want = dict(c.outputs)
+        _, _, kernel = attention_forward_backward(qkv, dout)
+        om, gm, _ = attention_forward_backward(qkv, dout, backend=SDPBackend.MATH)
+        notes.append((c.name, f"MATH backend vs {kernel.removesuffix('Backward0')}",
+                      f"out:{normwise(om.numpy(), want['out']):.2g} "
+                      f"dqkv:{normwise(gm.numpy(), want['dqkv']):.2g}"))
+    return cases, notes
+
+
+def shape_text(a: np.ndarray) -> str:
+    return ",".join(str(d) for d in a.shape)
+
+
+def write_layers(path: Path, cases: list[LayerCase]) -> None:
+    out = [meta_line("torch_layers")]
+    for c in cases:
+        out.append(header("case", ("name", c.name), ("op", c.op), *c.params,
+                          ("inputs", len(c.inputs)), ("outputs", len(c.outputs)), lines=0))
+        for role, tensors in (("in", c.inputs), ("out", c.outputs)):
+            for tname, a in tensors:
+                assert a.ndim >= 1 and a.dtype in (np.float32, np.int64), (c.name, tname, a.dtype)
+                fmt = str if a.dtype == np.int64 else f32
+                rows = a.reshape(-1, a.shape[-1])
+                out.append(header("tensor", ("case", c.name), ("name", tname), ("role", role),
+                                  ("dtype", "int64" if a.dtype == np.int64 else "float32"),
+                                  ("shape", shape_text(a)), lines=len(rows)))
+                out += [" ".join(fmt(x) for x in row.tolist()) for row in rows]
+    path.write_text("\n".join(out) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
 # Reading the files back (the same way the C++ tests will: header tokens, then data tokens)
 
 
@@ -737,6 +945,29 @@ def check_files(out_dir: Path, scaler_traces, lr_traces, optim_traces) -> None:
         assert np.array_equal(np.array([[np.float32(x) for x in r[1:]] for r in rows]), params)
 
 
+def check_layers(path: Path, cases: list[LayerCase]) -> None:
+    recs = read_records(path)
+    assert recs[0][0] == "meta"
+    i = 1
+    for c in cases:
+        kind, hdr, rows = recs[i]
+        assert kind == "case" and hdr["name"] == c.name and hdr["op"] == c.op, (kind, hdr)
+        assert int(hdr["inputs"]) == len(c.inputs) and int(hdr["outputs"]) == len(c.outputs)
+        i += 1
+        for role, tensors in (("in", c.inputs), ("out", c.outputs)):
+            for tname, a in tensors:
+                kind, hdr, rows = recs[i]
+                i += 1
+                assert kind == "tensor" and hdr["case"] == c.name and hdr["name"] == tname and hdr["role"] == role
+                assert hdr["shape"] == shape_text(a)
+                if a.dtype == np.int64:
+                    back = np.array([[int(x) for x in r] for r in rows], dtype=np.int64)
+                else:
+                    back = np.array([[np.float32(x) for x in r] for r in rows], dtype=np.float32)
+                assert np.array_equal(back.reshape(a.shape), a), (c.name, tname)
+    assert i == len(recs)
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -774,12 +1005,16 @@ def main() -> int:
         lr_traces = make_lr_traces()
         print("optimizer traces ...")
         init, grads, optim_traces, notes = make_optim_traces(lr_traces)
+        print("torch.nn layers ...")
+        layers, layer_notes = make_layer_cases()
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_loss_scaler(args.out / "deepspeed_loss_scaler.txt", scaler_traces)
     write_lr(args.out / "lr_schedules.txt", lr_traces)
     write_optim(args.out / "torch_optim.txt", init, grads, optim_traces)
     check_files(args.out, scaler_traces, lr_traces, (init, grads, optim_traces))
+    write_layers(args.out / "torch_layers.txt", layers)
+    check_layers(args.out / "torch_layers.txt", layers)
 
     raised = [t for t in scaler_traces if t.raised_at]
     print(f"{len(scaler_traces)} loss-scaler traces ({len(raised)} raise: "
@@ -791,7 +1026,11 @@ def main() -> int:
             print(f"  {name:60s} {path:8s} {what}")
     if all(what[0] == 0 for _, path, what in notes if path == "default"):
         print("  torch's default path is foreach=False (bit-identical) for every trace")
-    for f in ("deepspeed_loss_scaler.txt", "lr_schedules.txt", "torch_optim.txt"):
+    print(f"{len(layers)} torch.nn layer cases; torch's float32 results against its float64 ones "
+          "(max |a - b| / max |b| per output):")
+    for name, what, value in layer_notes:
+        print(f"  {name:32s} {what:45s} {value}")
+    for f in ("deepspeed_loss_scaler.txt", "lr_schedules.txt", "torch_optim.txt", "torch_layers.txt"):
         print(f"  {f}: {(args.out / f).stat().st_size} bytes")
     return 0
 

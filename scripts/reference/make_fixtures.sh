@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates tests/fixtures/{deepspeed_loss_scaler,lr_schedules,torch_optim}.txt from the real
-# DeepSpeed and PyTorch (see tests/fixtures/README.md). Needs Python 3.11+ and PyPI; no GPU.
+# Regenerates tests/fixtures/{deepspeed_loss_scaler,lr_schedules,torch_optim,torch_layers}.txt
+# from the real DeepSpeed and PyTorch (see tests/fixtures/README.md). Needs Python 3.11+ and
+# PyPI; no GPU.
 #
 #   scripts/reference/make_fixtures.sh            # writes tests/fixtures/
 #   scripts/reference/make_fixtures.sh --out DIR  # writes elsewhere (to compare)

@@ -1,8 +1,12 @@
 # Reference layers (nn/): the host layers against double-precision references and central
-# differences; again with OpenBLAS behind nn::gemm where it is found; the CUDA layers against the
-# host ones (skipped without a device). Included from tests/CMakeLists.txt.
+# differences; again with OpenBLAS behind nn::gemm where it is found; against PyTorch's own output
+# (nn.torch_layers); the CUDA layers against the host ones (skipped without a device). Included
+# from tests/CMakeLists.txt.
 find_package(Threads REQUIRED)
 trident_add_test(nn.host SOURCES nn/test_nn.cpp LIBRARIES Threads::Threads LABELS nn)
+# The host layers against PyTorch's own float32 output (tests/fixtures/torch_layers.txt).
+trident_add_test(nn.torch_layers SOURCES nn/test_nn_reference.cpp LABELS nn)
+target_compile_definitions(test_nn_torch_layers PRIVATE TRIDENT_FIXTURES="${PROJECT_SOURCE_DIR}/tests/fixtures")
 
 # trident_test_blas: the opt-in CBLAS path of nn/gemm.hpp (TRIDENT_HAS_CBLAS=1 + a CBLAS). Only
 # our tests use it; the library itself never requires a BLAS. BLA_VENDOR is restored so that no

@@ -61,6 +61,9 @@ struct relu {
 //! GELU with the tanh approximation, torch.nn.functional.gelu(x, approximate='tanh'):
 //!   0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //! and its derivative written as ATen's GeluBackward (aten/src/ATen/native/cpu/Activation.cpp).
+//! Checked against torch's own output, tests/fixtures/torch_layers.txt: y and dx within 1e-6 of
+//! torch's float32 results on [-8, 8] (normwise; both are float32 formulas, and 1 - tanh^2
+//! cancels near saturation: torch is 6.4e-7 from its float64 result, we 3.7e-7).
 //!
 //!   trident::nn::gelu::forward(pre, post);
 //!   trident::nn::gelu::backward(pre, dpost, dpre);

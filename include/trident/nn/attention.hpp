@@ -12,6 +12,11 @@
 // does; above the diagonal it is 0). torch's scaled_dot_product_attention(q, k, v,
 // is_causal=True) without dropout. Sums in double in index order: deterministic. dqkv is
 // overwritten.
+//
+// Checked against torch's own output, tests/fixtures/torch_layers.txt (tests/nn/
+// test_nn_reference.cpp; q, k and v sliced from this qkv layout): out and dqkv within 1.1e-6 of
+// torch's float32 results (normwise; the worst is a peaked softmax), which is torch's own float32
+// rounding: it is as far from torch's float64 results, and we are within 2.5e-7 of those.
 #pragma once
 
 #include <algorithm>

@@ -94,7 +94,8 @@ struct mse_loss {
 
 //! Softmax followed by negative log-likelihood of integer class targets, averaged over the batch:
 //! torch.nn.CrossEntropyLoss() on logits [batch, classes] (no weights, no ignore_index, no
-//! label smoothing).
+//! label smoothing). Checked against torch's own output, tests/fixtures/torch_layers.txt: the
+//! loss and dlogits within 1e-7 of torch's float32 results (normwise).
 //!
 //!   const float loss = trident::nn::softmax_cross_entropy::forward(batch, classes, logits, labels);
 //!   trident::nn::softmax_cross_entropy::backward(batch, classes, logits, labels, dlogits);
