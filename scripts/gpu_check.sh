@@ -70,6 +70,8 @@ step "ctest -L gpu|cuda|nccl" "grep -E 'tests passed|tests failed'" -- \
 for ranks in 4; do
   [[ -x $build/tests/test_comm_nccl_multirank ]] && step "comm.nccl_multirank -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_comm_nccl_multirank"
+  [[ -x $build/tests/test_tensor_nccl ]] && step "tensor.nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_tensor_nccl"
   [[ -x $build/tests/test_zero_nccl ]] && step "zero.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_nccl"
   [[ -x $build/tests/test_zero_misuse_nccl ]] && step "zero.misuse_nccl -np $ranks" \

@@ -31,7 +31,8 @@
 //
 // Bad shapes are usage_errors naming the layer and the sizes: features that t does not divide
 // (at construction), a communicator of another size than the layer was built for, spans of the
-// wrong size.
+// wrong size. The shapes and shardings serve any communicator (parallel/tensor/cuda/linear.cuh
+// runs the same layers on the GPU); forward and backward here are for host ones.
 #include <cstddef>
 #include <span>
 #include <string>
@@ -77,10 +78,11 @@ class column_parallel_linear {
       : name_(std::move(name)), parts_(tp.size()),
         weight_(sharding::split_exact({out_features, in_features}, 0, tp.size(), name_ + ".weight (output features)")),
         bias_(sharding::split_exact({out_features}, 0, tp.size(), name_ + ".bias")),
-        local_{in_features, out_features / static_cast<std::size_t>(tp.size())} {
-    detail::require_host_comm<Comm>();
-  }
+        local_{in_features, out_features / static_cast<std::size_t>(tp.size())} {}
 
+  const std::string& name() const noexcept { return name_; }
+  //! The size of the tensor-parallel group the layer was built for.
+  int parts() const noexcept { return parts_; }
   std::size_t in_features() const noexcept { return local_.in_features; }
   std::size_t out_features() const noexcept { return local_.out_features * static_cast<std::size_t>(parts_); }
   //! This rank's output features: out_features() / t.
@@ -179,10 +181,11 @@ class row_parallel_linear {
       : name_(std::move(name)), parts_(tp.size()),
         weight_(sharding::split_exact({out_features, in_features}, 1, tp.size(), name_ + ".weight (input features)")),
         bias_(sharding::replicated({out_features})),
-        local_{in_features / static_cast<std::size_t>(tp.size()), out_features} {
-    detail::require_host_comm<Comm>();
-  }
+        local_{in_features / static_cast<std::size_t>(tp.size()), out_features} {}
 
+  const std::string& name() const noexcept { return name_; }
+  //! The size of the tensor-parallel group the layer was built for.
+  int parts() const noexcept { return parts_; }
   std::size_t in_features() const noexcept { return local_.in_features * static_cast<std::size_t>(parts_); }
   std::size_t out_features() const noexcept { return local_.out_features; }
   //! This rank's input features: in_features() / t.

@@ -1,0 +1,152 @@
+// trident-requires: nvcc
+#pragma once
+// The tensor-parallel linear layers of parallel/tensor/linear.hpp on the GPU, over a device
+// communicator (nccl_comm): the same shapes, shardings and checks (the host classes describe
+// them), the GEMMs with cuBLAS (FP32, no TF32) on a cuda_context's compute stream, the
+// collectives on the communicator's stream, the two ordered by events both ways, as llm.c
+// hands its compute stream to NCCL's. Nothing here waits on the host or allocates.
+//
+//   trident::cuda_context ctx;                    // compute stream
+//   trident::nn::cublas_handle blas;
+//   trident::tensor::cuda::column_parallel_linear fc1(tp, hidden, 4 * hidden, "fc1");
+//   trident::tensor::cuda::row_parallel_linear fc2(tp, 4 * hidden, hidden, "fc2");
+//   fc1.forward(ctx, blas, tp, batch, x, w1, b1, h);            // h: [batch, 4 hidden / t]
+//   ... activation on ctx.stream() ...
+//   fc2.forward(ctx, blas, tp, batch, a, w2, b2, y);            // summed over the group (g)
+//   fc2.backward(ctx, blas, tp, batch, a, w2, dy, da, dw2, db2);
+//   fc1.backward(ctx, blas, tp, batch, x, w1, dh, dx, dw1, db1); // dx summed (f), overlapped
+//
+// Backward of the column-parallel layer: dx = dy W_r on the compute stream, handed to the
+// communicator's stream for its all-reduce, while the weight-gradient GEMM runs on the compute
+// stream; the compute stream then waits for the all-reduce, so whatever comes next sees the sum.
+#if !defined(__CUDACC__)
+#error "trident/parallel/tensor/cuda/linear.cuh contains CUDA kernels: compile this translation unit with nvcc"
+#endif
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
+#include "trident/exec/cuda/stream.hpp"
+#include "trident/nn/cuda/layers.cuh"
+#include "trident/parallel/tensor/linear.hpp"
+
+namespace trident::tensor::cuda {
+
+namespace detail {
+
+template <class Comm>
+constexpr void require_device_comm() {
+  static_assert(!Comm::space::host_accessible && requires(Comm& c) { c.stream(); },
+                "trident::tensor::cuda: these layers need a device communicator with a stream (nccl_comm); host "
+                "communicators use trident::tensor's host layers");
+}
+
+inline void add_bias(cudaStream_t stream, device_span<float> y, device_span<const float> b, std::size_t out) {
+  if (b.empty() || y.empty()) return;
+  nn::cuda::detail::add_bias_kernel<><<<nn::cuda::detail::grid_for(y.size()), nn::cuda::detail::block_size, 0, stream>>>(
+      y, b, out);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+//! tensor::column_parallel_linear on the GPU (see the header comment).
+class column_parallel_linear {
+ public:
+  template <communicator Comm>
+  column_parallel_linear(const Comm& tp, std::size_t in_features, std::size_t out_features,
+                         std::string name = "column_parallel_linear")
+      : shape_(tp, in_features, out_features, std::move(name)) {}
+
+  //! The shapes and shardings (this rank's part of the weight: weight_sharding()).
+  const tensor::column_parallel_linear& shape() const noexcept { return shape_; }
+  bool overlap = true;
+
+  template <communicator Comm>
+  void forward(const cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+               device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(name(), "forward", tp, tp_size());
+    nn::detail::check_linear_forward((name() + ".forward").c_str(), batch, local().in_features, local().out_features,
+                                     x.size(), w.size(), b.size(), y.size());
+    nn::cuda::linear{local().in_features, local().out_features}.forward(blas, ctx.stream(), batch, x, w, b, y);  // f: identity
+  }
+
+  template <communicator Comm>
+  void backward(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+                device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(name(), "backward", tp, tp_size());
+    const std::size_t in = local().in_features, out = local().out_features;
+    nn::detail::check_linear_backward((name() + ".backward").c_str(), batch, in, out, x.size(), w.size(), dy.size(),
+                                      dx.size(), dw.size(), db.size());
+    const nn::cuda::linear layer{in, out};
+    if (dx.empty()) {
+      layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+      return;
+    }
+    nn::cuda::gemm(blas, ctx.stream(), nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(),
+                   in);
+    if (!overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+    ctx.hand_to(tp.stream());  // the all-reduce starts once dx is written
+    tp.all_reduce(space_span<float, cuda_space>(dx.data(), dx.size()), reduce_op::sum);  // enqueued, not waited for
+    if (overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);      // meanwhile
+    ctx.order_after(tp.stream());  // what follows on the compute stream sees the sum
+  }
+
+ private:
+  const std::string& name() const noexcept { return shape_.name(); }
+  const nn::linear& local() const noexcept { return shape_.local(); }
+  int tp_size() const noexcept { return shape_.parts(); }
+
+  tensor::column_parallel_linear shape_;
+};
+
+//! tensor::row_parallel_linear on the GPU (see the header comment).
+class row_parallel_linear {
+ public:
+  template <communicator Comm>
+  row_parallel_linear(const Comm& tp, std::size_t in_features, std::size_t out_features, std::string name = "row_parallel_linear")
+      : shape_(tp, in_features, out_features, std::move(name)) {}
+
+  const tensor::row_parallel_linear& shape() const noexcept { return shape_; }
+
+  //! y = sum over the group of x_r W_r^T (g), then + b; the same on every rank.
+  template <communicator Comm>
+  void forward(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+               device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(shape_.name(), "forward", tp, tp_size());
+    const std::size_t in = shape_.local().in_features, out = shape_.local().out_features;
+    nn::detail::check_linear_forward((shape_.name() + ".forward").c_str(), batch, in, out, x.size(), w.size(), b.size(),
+                                     y.size());
+    nn::cuda::linear{in, out}.forward(blas, ctx.stream(), batch, x, w, {}, y);
+    ctx.hand_to(tp.stream());
+    tp.all_reduce(space_span<float, cuda_space>(y.data(), y.size()), reduce_op::sum);
+    ctx.order_after(tp.stream());
+    detail::add_bias(ctx.stream(), y, b, out);  // once, after the sum
+  }
+
+  //! Local: dy is the same on every rank (g's backward is the identity).
+  template <communicator Comm>
+  void backward(const cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+                device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(shape_.name(), "backward", tp, tp_size());
+    const std::size_t in = shape_.local().in_features, out = shape_.local().out_features;
+    nn::detail::check_linear_backward((shape_.name() + ".backward").c_str(), batch, in, out, x.size(), w.size(), dy.size(),
+                                      dx.size(), dw.size(), db.size());
+    nn::cuda::linear{in, out}.backward(blas, ctx.stream(), batch, x, w, dy, dx, dw, db);
+  }
+
+ private:
+  int tp_size() const noexcept { return shape_.parts(); }
+  tensor::row_parallel_linear shape_;
+};
+
+}  // namespace trident::tensor::cuda
