@@ -40,14 +40,8 @@ double step_ms(int t, const trident::tensor::block_config& c, bool overlap, int 
       w.push_back(filled(p.split.local_numel(), ++seed, 0.1f));
       g.emplace_back(p.split.local_numel(), 0.0f);
     }
-    std::array<std::span<const float>, 12> ws;
-    std::array<std::span<float>, 12> gs;
-    for (std::size_t i = 0; i < 12; ++i) {
-      ws[i] = w[i];
-      gs[i] = g[i];
-    }
-    const auto weights = trident::tensor::block_tensors<const float>::from(ws);
-    const auto grads = trident::tensor::block_tensors<float>::from(gs);
+    const auto weights = trident::tensor::block_tensors<const float>::over(w);
+    const auto grads = trident::tensor::block_tensors<float>::over(g);
     const std::size_t n = block.rows() * c.hidden;
     const auto x = filled(n, 100, 1.0f), dy = filled(n, 101, 1.0f);
     std::vector<float> y(n), dx(n);

@@ -297,16 +297,6 @@ void block_equals_serial(Comm& tp, std::uint64_t seed, bool sequence_parallel = 
     part.push_back(part_of(p.split, r, v));
     full.push_back(std::move(v));
   }
-  auto spans = [](std::vector<std::vector<float>>& vs) {
-    std::array<std::span<float>, tensor::block_tensors<float>::count> s;
-    for (std::size_t i = 0; i < s.size(); ++i) s[i] = vs[i];
-    return s;
-  };
-  auto const_spans = [](const std::vector<std::vector<float>>& vs) {
-    std::array<std::span<const float>, tensor::block_tensors<const float>::count> s;
-    for (std::size_t i = 0; i < s.size(); ++i) s[i] = vs[i];
-    return s;
-  };
   auto zeros_like = [](const std::vector<std::vector<float>>& vs) {
     std::vector<std::vector<float>> z;
     for (const auto& v : vs) z.emplace_back(v.size(), 0.0f);
@@ -317,9 +307,9 @@ void block_equals_serial(Comm& tp, std::uint64_t seed, bool sequence_parallel = 
   std::vector<float> y_ref(n * h), dx_ref(n * h);
   auto grads_ref = zeros_like(full);
   auto saved_ref = serial.make_activations();
-  serial.forward(alone, tensor::block_tensors<const float>::from(const_spans(full)), x, y_ref, saved_ref);
-  serial.backward(alone, tensor::block_tensors<const float>::from(const_spans(full)), saved_ref, dy, dx_ref,
-                  tensor::block_tensors<float>::from(spans(grads_ref)));
+  serial.forward(alone, tensor::block_tensors<const float>::over(full), x, y_ref, saved_ref);
+  serial.backward(alone, tensor::block_tensors<const float>::over(full), saved_ref, dy, dx_ref,
+                  tensor::block_tensors<float>::over(grads_ref));
 
   // This rank's rows: all of them, or its sequence shard (rows are sequence-major).
   const std::size_t m = parallel.local_rows(), first = sequence_parallel ? static_cast<std::size_t>(r) * m : 0;
@@ -331,9 +321,9 @@ void block_equals_serial(Comm& tp, std::uint64_t seed, bool sequence_parallel = 
   std::vector<float> y(m * h), dx(m * h);
   auto grads = zeros_like(part);
   auto saved = parallel.make_activations();
-  parallel.forward(tp, tensor::block_tensors<const float>::from(const_spans(part)), x_mine, y, saved);
-  parallel.backward(tp, tensor::block_tensors<const float>::from(const_spans(part)), saved, dy_mine, dx,
-                    tensor::block_tensors<float>::from(spans(grads)));
+  parallel.forward(tp, tensor::block_tensors<const float>::over(part), x_mine, y, saved);
+  parallel.backward(tp, tensor::block_tensors<const float>::over(part), saved, dy_mine, dx,
+                    tensor::block_tensors<float>::over(grads));
 
   INFO("transformer block on rank ", r, " of ", tp.size(), sequence_parallel ? ", sequence parallel" : "");
   CHECK(relative_error(y, rows_of(y_ref)) <= 1e-5);
@@ -400,19 +390,15 @@ void block_traffic(Comm& tp, bool sequence_parallel) {
     w.push_back(random(p.split.local_numel(), ++k, 0.3f));
     g.emplace_back(p.split.local_numel(), 0.0f);
   }
-  std::array<std::span<const float>, 12> ws;
-  std::array<std::span<float>, 12> gs;
-  for (std::size_t i = 0; i < 12; ++i) {
-    ws[i] = w[i];
-    gs[i] = g[i];
-  }
+  const auto ws = tensor::block_tensors<const float>::over(w);
+  const auto gs = tensor::block_tensors<float>::over(g);
   const std::size_t m = block.local_rows() * config.hidden;
   const auto x = random(m, 710), dy = random(m, 711);
   std::vector<float> y(m), dx(m);
   auto saved = block.make_activations();
   tp.reset_traffic();
-  block.forward(tp, tensor::block_tensors<const float>::from(ws), x, y, saved);
-  block.backward(tp, tensor::block_tensors<const float>::from(ws), saved, dy, dx, tensor::block_tensors<float>::from(gs));
+  block.forward(tp, ws, x, y, saved);
+  block.backward(tp, ws, saved, dy, dx, gs);
   using count = trident::traffic_counters::count;
   const auto& t = tp.traffic();
   const std::uint64_t sbh = config.seq * config.batch * config.hidden * sizeof(float);

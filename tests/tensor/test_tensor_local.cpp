@@ -109,11 +109,7 @@ TEST_CASE("transformer block and RMSNorm: backward = the forward's finite differ
       w.push_back(std::move(v));
     }
     auto x = tensor_suite::random(n * h, 60), weights = tensor_suite::random(n * h, 61);
-    auto view = [&] {
-      std::array<std::span<const float>, 12> s;
-      for (std::size_t i = 0; i < 12; ++i) s[i] = w[i];
-      return trident::tensor::block_tensors<const float>::from(s);
-    };
+    auto view = [&] { return trident::tensor::block_tensors<const float>::over(w); };
     auto saved = blk.make_activations();
     auto loss = [&] {
       std::vector<float> y(n * h);
@@ -125,10 +121,8 @@ TEST_CASE("transformer block and RMSNorm: backward = the forward's finite differ
     std::vector<float> y(n * h), dx(n * h);
     std::vector<std::vector<float>> g;
     for (const auto& v : w) g.emplace_back(v.size(), 0.0f);
-    std::array<std::span<float>, 12> gs;
-    for (std::size_t i = 0; i < 12; ++i) gs[i] = g[i];
     blk.forward(tp, view(), x, y, saved);
-    blk.backward(tp, view(), saved, weights, dx, trident::tensor::block_tensors<float>::from(gs));
+    blk.backward(tp, view(), saved, weights, dx, trident::tensor::block_tensors<float>::over(g));
     CHECK(finite_difference_error(x, dx, loss, 24) <= 1e-2);
     const auto params = blk.parameters();
     for (std::size_t i = 0; i < w.size(); ++i) {

@@ -84,6 +84,15 @@ struct block_tensors {
   static block_tensors from(const std::array<std::span<T>, count>& s) {
     return {s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11]};
   }
+  //! Over `count` contiguous ranges (e.g. init_parameters()' vectors) in parameters() order.
+  template <class Ranges>
+  static block_tensors over(Ranges& ranges) {
+    TRIDENT_EXPECT(std::size(ranges) == count, "block_tensors::over: ", std::size(ranges), " tensors; expected ", count);
+    std::array<std::span<T>, count> s;
+    std::size_t i = 0;
+    for (auto& r : ranges) s[i++] = std::span<T>(r);
+    return from(s);
+  }
 };
 
 //! What forward keeps for backward, allocated once by make_activations and reused every step:

@@ -124,15 +124,8 @@ class column_parallel_linear {
     }
     // This rank's share of dx first, then its sum over the group (f's backward) runs while the
     // weight gradients are computed.
-    nn::gemm(nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
-    if (!overlap) {
-      copy_to_region::backward(tp, dx, dx);
-      local_.backward(batch, x, {}, dy, {}, dw, db);
-      return;
-    }
-    auto pending = copy_to_region::backward_async(tp, dx, dx);
-    local_.backward(batch, x, {}, dy, {}, dw, db);
-    pending.wait();
+    input_then_weights(batch, x, w, dy, dx, dw, db, [&] { copy_to_region::backward(tp, dx, dx); },
+                       [&] { return copy_to_region::backward_async(tp, dx, dx); });
   }
 
   //! Sequence parallelism: x [batch, in] is the all-gathered input (gather_from_sequence), so the
@@ -151,18 +144,29 @@ class column_parallel_linear {
     TRIDENT_EXPECT(batch % static_cast<std::size_t>(parts_) == 0 && dx.size() * static_cast<std::size_t>(parts_) == partial.size(),
                    name_, ".backward_to_sequence: dx has ", dx.size(), " elements, expected [", batch, " / ", parts_, ", ", in,
                    "] (this rank's rows)");
+    input_then_weights(batch, x, w, dy, partial, dw, db, [&] { gather_from_sequence::backward(tp, partial, dx); },
+                       [&] { return gather_from_sequence::backward_async(tp, partial, dx); });
+  }
+
+ private:
+  // partial = dy W_r, then its reduction over the group (`reduce`, or `start` and a wait) beside
+  // the weight-gradient GEMM, or before it without overlap.
+  template <class Reduce, class Start>
+  void input_then_weights(std::size_t batch, std::span<const float> x, std::span<const float> w, std::span<const float> dy,
+                          std::span<float> partial, std::span<float> dw, std::span<float> db, Reduce&& reduce,
+                          Start&& start) const {
+    const std::size_t in = local_.in_features, out = local_.out_features;
     nn::gemm(nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, partial.data(), in);
     if (!overlap) {
-      gather_from_sequence::backward(tp, partial, dx);
+      reduce();
       local_.backward(batch, x, {}, dy, {}, dw, db);
       return;
     }
-    auto pending = gather_from_sequence::backward_async(tp, partial, dx);
+    auto pending = start();
     local_.backward(batch, x, {}, dy, {}, dw, db);
     pending.wait();
   }
 
- private:
   std::string name_;
   int parts_;
   sharding weight_, bias_;
