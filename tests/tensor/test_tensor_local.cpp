@@ -155,3 +155,7 @@ TEST_CASE("two tensor-parallel blocks with ZeRO-1 and ZeRO-3 on a (t = 2, d = 2)
   local_world::run(4, [](local_comm& world) { tensor_zero_suite::zero_equals_serial<1>(world, 2); });
   local_world::run(4, [](local_comm& world) { tensor_zero_suite::zero_equals_serial<3>(world, 2); });
 }
+
+TEST_CASE("ZeRO with a model-parallel group that is not the grid's tensor axis is a usage error (threads)") {
+  local_world::run(4, [](local_comm& world) { tensor_zero_suite::wrong_model_group(world); });
+}

@@ -40,6 +40,10 @@ TEST_CASE("two tensor-parallel blocks with ZeRO-1 and ZeRO-3 on a (t = 2, d = 2)
   tensor_zero_suite::zero_equals_serial<3>(test_support::mpi_world(), 2);
 }
 
+TEST_CASE("ZeRO with a model-parallel group that is not the grid's tensor axis is a usage error (MPI)") {
+  tensor_zero_suite::wrong_model_group(test_support::mpi_world());
+}
+
 TEST_CASE("tensor-parallel layers: bad shapes over MPI") { tensor_suite::bad_shapes(test_support::mpi_world()); }
 
 int main(int argc, char** argv) { return test_support::mpi_doctest_main(argc, argv); }

@@ -130,4 +130,21 @@ void zero_equals_serial(Comm& world, int tensor_size, int steps = 20) {
   }
 }
 
+//! A model-parallel group that is not the grid's tensor axis (the data axis, the world) is a
+//! usage_error on every rank at construction, naming what was expected.
+template <class Comm>
+void wrong_model_group(Comm& world) {
+  trident::process_grid grid(world, 2, 1);
+  trident::model_spec spec;
+  spec.add("w", {8}, 0);
+  trident::optim::sgd sgd;
+  using opt = zero::zero_optimizer<1, trident::optim::sgd, Comm>;
+  CHECK_THROWS_WITH_AS(opt(grid.data(), grid.data(), spec, sgd), doctest::Contains("expected every rank of it at the same position"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS(opt(grid.data(), world, spec, sgd), doctest::Contains("the model-parallel group (4 ranks)"),
+                       trident::usage_error);
+  opt right(grid.data(), grid.tensor(), spec, sgd);  // the tensor axis is accepted
+  CHECK(right.layout().full_size() >= 8);
+}
+
 }  // namespace tensor_zero_suite

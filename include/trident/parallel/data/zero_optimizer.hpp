@@ -283,7 +283,10 @@ class zero_optimizer {
     std::size_t scratch = 0;
     for (const auto& r : stat_ranges_) scratch = std::max(scratch, engine<space>::stats_scratch(r.length));
     stats_scratch_ = buffer<double, space>(scratch, mem_category::communication);
-    if (model_parallel_ != nullptr) model_report_ = buffer<double, space>(3, mem_category::communication);
+    if (model_parallel_ != nullptr) {
+      model_report_ = buffer<double, space>(4, mem_category::communication);
+      check_model_parallel_group();
+    }
     const std::size_t nb = layout_.buckets().size();
     layer_ready_.assign(static_cast<std::size_t>(layout_.layers()), false);
     with_tensors_.assign(nb, 0);
@@ -893,6 +896,23 @@ class zero_optimizer {
       if (at < begin + piece) ranges.push_back({b, at - begin, begin + piece - at});
     }
     return ranges;
+  }
+
+  // The model-parallel group must cut across the data-parallel groups, as a process_grid's
+  // tensor axis does: its ranks hold the same data-parallel position. Passing the data axis (or
+  // the world) instead would count each gradient several times and apply the decision of the
+  // wrong ranks, silently; one all-reduce at construction says so on every rank.
+  void check_model_parallel_group() {
+    const double mine[4] = {static_cast<double>(comm_->rank()), -static_cast<double>(comm_->rank()),
+                            static_cast<double>(comm_->size()), -static_cast<double>(comm_->size())};
+    upload(model_report_, 0, mine, 4);
+    model_parallel_->all_reduce(model_report_, reduce_op::max);
+    model_parallel_->synchronize();
+    const auto all = to_vector(model_report_);
+    TRIDENT_EXPECT(all[0] == -all[1] && all[2] == -all[3], "zero_optimizer on rank ", rank_, ": the model-parallel group (",
+                   model_parallel_->size(), " ranks) holds ranks at data-parallel positions ", -all[1], "..", all[0],
+                   " of groups of ", -all[3], "..", all[2], " ranks; expected every rank of it at the same position, as the "
+                   "tensor axis of the process_grid whose data axis is the first communicator (grid.data(), grid.tensor())");
   }
 
   // Sums the norm and ORs the overflow over the model-parallel group, so every rank of the grid
