@@ -211,7 +211,7 @@ void bad_shapes(Comm& tp) {
 //! table's gradient), and the vocabulary-parallel cross-entropy equals nn::softmax_cross_entropy
 //! on the whole logits (loss and gradient within 1e-6 relative), which no rank holds.
 template <class Comm>
-void vocab_equals_serial(Comm& tp, std::uint64_t seed, std::size_t n = 7, std::size_t vocab = 24, std::size_t hidden = 5) {
+void vocab_equals_serial(Comm& tp, std::uint64_t seed, std::size_t n = 12, std::size_t vocab = 24, std::size_t hidden = 5) {
   const int r = tp.rank();
   std::vector<std::int32_t> tokens(n), targets(n);
   const auto pick = random(2 * n, seed);
@@ -237,6 +237,19 @@ void vocab_equals_serial(Comm& tp, std::uint64_t seed, std::size_t n = 7, std::s
   CHECK(got == x);
   wte.backward(tp, tokens, dout, dpart);
   CHECK(dpart == part_of(wte.weight_sharding(), r, dtable));
+
+  // Sequence parallelism: this rank's rows of the same lookup, and the same table gradient.
+  if (n % static_cast<std::size_t>(tp.size()) == 0) {
+    const std::size_t m = n / static_cast<std::size_t>(tp.size());
+    std::vector<float> whole(n * hidden), shard(m * hidden), dshard_table(part.size(), 0.0f);
+    wte.forward_to_sequence(tp, tokens, part, whole, shard);
+    CHECK(shard == std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(r * m * hidden),
+                                      x.begin() + static_cast<std::ptrdiff_t>((r + 1) * m * hidden)));
+    const std::vector<float> dout_rows(dout.begin() + static_cast<std::ptrdiff_t>(r * m * hidden),
+                                       dout.begin() + static_cast<std::ptrdiff_t>((r + 1) * m * hidden));
+    wte.backward_from_sequence(tp, tokens, dout_rows, whole, dshard_table);
+    CHECK(dshard_table == dpart);
+  }
 
   // Cross-entropy over logits split by columns.
   const auto logits = random(n * vocab, seed + 3, 4.0f);

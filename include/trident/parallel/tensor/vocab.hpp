@@ -73,16 +73,7 @@ class vocab_parallel_embedding {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "forward", tp, parts_);
     check(".forward", tokens, table.size(), out.size(), "out");
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      float* row = out.data() + i * hidden_;
-      const auto t = static_cast<std::size_t>(tokens[i]);
-      if (t >= range_.begin && t < range_.end) {
-        const float* src = table.data() + (t - range_.begin) * hidden_;
-        for (std::size_t j = 0; j < hidden_; ++j) row[j] = src[j];
-      } else {
-        for (std::size_t j = 0; j < hidden_; ++j) row[j] = 0.0f;
-      }
-    }
+    lookup(tokens, table, out);
     reduce_from_region::forward(tp, out, out);  // one rank holds each row, the others add zeros
   }
 
@@ -93,6 +84,51 @@ class vocab_parallel_embedding {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "backward", tp, parts_);
     check(".backward", tokens, dtable.size(), dout.size(), "dout");
+    accumulate(tokens, dout, dtable);
+  }
+
+  //! Sequence parallelism: the rows go to sequence shards instead (reduce_scatter_to_sequence:
+  //! tokens are sequence-major, n divisible by t): `whole` [n, hidden] is scratch, `out`
+  //! [n / t, hidden] this rank's rows. The same values as forward()'s rows, bit for bit.
+  template <communicator Comm>
+  void forward_to_sequence(Comm& tp, std::span<const std::int32_t> tokens, std::span<const float> table, std::span<float> whole,
+                           std::span<float> out) const {
+    detail::require_host_comm<Comm>();
+    detail::check_group(name_, "forward_to_sequence", tp, parts_);
+    check(".forward_to_sequence", tokens, table.size(), whole.size(), "whole");
+    check_shard(".forward_to_sequence", tokens.size(), out.size(), "out");
+    lookup(tokens, table, whole);
+    reduce_scatter_to_sequence::forward(tp, whole, out);
+  }
+
+  //! Its backward: dout [n / t, hidden] (this rank's rows) is all-gathered into `whole`
+  //! (scratch, [n, hidden]), then the local rows of dtable accumulate as in backward().
+  template <communicator Comm>
+  void backward_from_sequence(Comm& tp, std::span<const std::int32_t> tokens, std::span<const float> dout,
+                              std::span<float> whole, std::span<float> dtable) const {
+    detail::require_host_comm<Comm>();
+    detail::check_group(name_, "backward_from_sequence", tp, parts_);
+    check(".backward_from_sequence", tokens, dtable.size(), whole.size(), "whole");
+    check_shard(".backward_from_sequence", tokens.size(), dout.size(), "dout");
+    reduce_scatter_to_sequence::backward(tp, dout, whole);
+    accumulate(tokens, whole, dtable);
+  }
+
+ private:
+  // The rows of the tokens in this rank's range, zeros for the others.
+  void lookup(std::span<const std::int32_t> tokens, std::span<const float> table, std::span<float> out) const {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      float* row = out.data() + i * hidden_;
+      const auto t = static_cast<std::size_t>(tokens[i]);
+      if (t >= range_.begin && t < range_.end) {
+        const float* src = table.data() + (t - range_.begin) * hidden_;
+        for (std::size_t j = 0; j < hidden_; ++j) row[j] = src[j];
+      } else {
+        for (std::size_t j = 0; j < hidden_; ++j) row[j] = 0.0f;
+      }
+    }
+  }
+  void accumulate(std::span<const std::int32_t> tokens, std::span<const float> dout, std::span<float> dtable) const {
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       const auto t = static_cast<std::size_t>(tokens[i]);
       if (t < range_.begin || t >= range_.end) continue;
@@ -101,8 +137,12 @@ class vocab_parallel_embedding {
       for (std::size_t j = 0; j < hidden_; ++j) dst[j] += src[j];
     }
   }
-
- private:
+  void check_shard(const char* call, std::size_t n, std::size_t rows, const char* rows_name) const {
+    const auto t = static_cast<std::size_t>(parts_);
+    TRIDENT_EXPECT(n % t == 0 && rows == n / t * hidden_, name_, call, ": ", rows_name, " has ", rows, " elements, expected [",
+                   n, " tokens / ", parts_, ", ", hidden_, "] (this rank's sequence shard; the tokens must divide over the "
+                   "group)");
+  }
   void check(const char* call, std::span<const std::int32_t> tokens, std::size_t table, std::size_t rows,
              const char* rows_name) const {
     const std::string who = name_ + call;
