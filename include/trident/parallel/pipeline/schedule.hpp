@@ -1,0 +1,395 @@
+#pragma once
+// Pipeline schedules as data (issue 12, first step): for every rank, the ordered list of what it
+// does (forward, backward, and the sends and receives between stages, with micro-batch and
+// stage), made by a generator or by hand, and a validator that any schedule must pass before it
+// runs.
+//
+//   enum class action_kind   forward, backward (input and weight gradients together),
+//                            backward_input, backward_weight (split, for zero-bubble
+//                            schedules), send/recv of activations and of gradients
+//   struct action            kind, micro_batch, stage
+//   struct schedule          stages, ranks, micro_batches, one list of actions per rank;
+//                            stage s runs on rank s % ranks (interleaved: v = stages / ranks)
+//   gpipe(p, m)              every forward, then every backward (Huang et al. 2019)
+//   one_f_one_b(p, m)        p - r - 1 warm-up forwards on rank r, then one forward and one
+//                            backward in turn, then the rest of the backwards (PipeDream-Flush,
+//                            Megatron-LM's non-interleaved schedule)
+//   validate(schedule)       a usage_error naming the rank, the action and the reason, or nothing
+//
+// A send or receive names the stage whose compute is on this rank: send_activation{mb, s} sends
+// stage s's output to stage s + 1 and is received as recv_activation{mb, s + 1}; send_gradient
+// {mb, s} sends the gradient of stage s's input to stage s - 1, received as recv_gradient{mb,
+// s - 1}. Consecutive stages on one rank hand over in memory, without either.
+//
+// What validate() checks, in this order:
+//   - shape: each action's stage lives on its rank, micro-batches and stages in range;
+//   - exactly once: every (micro-batch, stage) has one forward and either one backward or one
+//     backward_input and one backward_weight;
+//   - order on each rank: a forward after its input arrived (or its previous stage ran here), a
+//     send after what it sends was computed, a backward after its forward and after its output
+//     gradient arrived (the last stage starts from the loss), a weight gradient after the input
+//     gradient;
+//   - links: on every ordered pair of ranks the sends and the receives are the same messages in
+//     the same order (messages between two ranks match in issue order, as MPI's and NCCL's do);
+//   - no deadlock with blocking point-to-point: executing every rank's list where a send and its
+//     receive complete only together (the strictest semantics; buffered sends only loosen it), all
+//     lists finish.
+//
+//   const auto s = trident::pipeline::one_f_one_b(4, 8);
+//   trident::pipeline::validate(s);
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <utility>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "trident/core/error.hpp"
+
+namespace trident::pipeline {
+
+enum class action_kind : std::uint8_t {
+  forward,
+  backward,         // input and weight gradients together
+  backward_input,   // B: the gradient of the stage's input only
+  backward_weight,  // W: the gradients of the stage's weights, after B
+  send_activation,
+  recv_activation,
+  send_gradient,
+  recv_gradient,
+};
+
+constexpr std::string_view name_of(action_kind k) noexcept {
+  switch (k) {
+    case action_kind::forward: return "forward";
+    case action_kind::backward: return "backward";
+    case action_kind::backward_input: return "backward_input";
+    case action_kind::backward_weight: return "backward_weight";
+    case action_kind::send_activation: return "send_activation";
+    case action_kind::recv_activation: return "recv_activation";
+    case action_kind::send_gradient: return "send_gradient";
+    case action_kind::recv_gradient: return "recv_gradient";
+  }
+  return "unknown";
+}
+
+//! One step of one rank. A send or receive with `with_next` is posted together with the next
+//! one (a group, as communicator::exchange issues it): the group completes when each of its
+//! messages has met its counterpart, in whatever order, which is how 1F1B's steady state sends
+//! an activation and receives a gradient without a cycle of blocking sends.
+struct action {
+  action_kind kind;
+  int micro_batch;
+  int stage;
+  bool with_next = false;
+  friend bool operator==(const action&, const action&) = default;
+};
+
+inline std::string describe(const action& a) {
+  return trident::detail::concat(name_of(a.kind), "(micro-batch ", a.micro_batch, ", stage ", a.stage, ")");
+}
+
+//! What every rank does, in order. Stage s runs on rank s % ranks.
+struct schedule {
+  std::string name;
+  int stages = 0;
+  int ranks = 0;
+  int micro_batches = 0;
+  std::vector<std::vector<action>> actions;  // per rank
+
+  int rank_of(int stage) const noexcept { return stage % ranks; }
+};
+
+namespace detail {
+
+inline void check_sizes(const char* who, int p, int m) {
+  TRIDENT_EXPECT(p >= 1 && m >= 1, who, "(", p, " stages, ", m, " micro-batches): expected at least one of each");
+}
+
+// The forward of (mb, stage s) on its rank, with the receive before and the send after it.
+inline void push_forward(std::vector<action>& out, int mb, int s, int p) {
+  if (s > 0) out.push_back({action_kind::recv_activation, mb, s});
+  out.push_back({action_kind::forward, mb, s});
+  if (s < p - 1) out.push_back({action_kind::send_activation, mb, s});
+}
+inline void push_backward(std::vector<action>& out, int mb, int s, int p) {
+  if (s < p - 1) out.push_back({action_kind::recv_gradient, mb, s});
+  out.push_back({action_kind::backward, mb, s});
+  if (s > 0) out.push_back({action_kind::send_gradient, mb, s});
+}
+
+}  // namespace detail
+
+//! GPipe: on every rank all m forwards, then all m backwards; a stage per rank. Peak: m
+//! micro-batches of activations on every rank.
+inline schedule gpipe(int p, int m) {
+  detail::check_sizes("gpipe", p, m);
+  schedule s{"gpipe", p, p, m, std::vector<std::vector<action>>(static_cast<std::size_t>(p))};
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[static_cast<std::size_t>(r)];
+    for (int mb = 0; mb < m; ++mb) detail::push_forward(out, mb, r, p);
+    for (int mb = 0; mb < m; ++mb) detail::push_backward(out, mb, r, p);
+  }
+  return s;
+}
+
+//! 1F1B: rank r runs min(p - r - 1, m) forwards, then alternates one forward and one backward,
+//! then drains the backwards; at most p - r micro-batches of activations live on rank r.
+//! Megatron-LM's order: in the steady state the activation just computed goes out together
+//! with the receipt of the oldest micro-batch's output gradient, and that backward's input
+//! gradient goes out together with the receipt of the next micro-batch's input (two groups per
+//! step; one blocking send after the other would deadlock, which validate() finds).
+inline schedule one_f_one_b(int p, int m) {
+  detail::check_sizes("one_f_one_b", p, m);
+  schedule s{"1f1b", p, p, m, std::vector<std::vector<action>>(static_cast<std::size_t>(p))};
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[static_cast<std::size_t>(r)];
+    const bool first = r == 0, last = r == p - 1;
+    // Appends a group of the given sends and receives (those that exist on this rank).
+    auto group = [&](std::initializer_list<action> ops) {
+      const std::size_t begin = out.size();
+      for (const action& a : ops) {
+        const bool exists = (a.kind == action_kind::send_activation || a.kind == action_kind::recv_gradient) ? !last : !first;
+        if (exists) out.push_back(a);
+      }
+      for (std::size_t i = begin; i + 1 < out.size(); ++i) out[i].with_next = true;
+    };
+    const int warmup = std::min(p - r - 1, m), steady = m - warmup;
+    for (int mb = 0; mb < warmup; ++mb) detail::push_forward(out, mb, r, p);
+    if (steady > 0) group({{action_kind::recv_activation, warmup, r}});
+    for (int i = 0; i < steady; ++i) {
+      const int f = warmup + i, b = i;
+      out.push_back({action_kind::forward, f, r});
+      group({{action_kind::send_activation, f, r}, {action_kind::recv_gradient, b, r}});
+      out.push_back({action_kind::backward, b, r});
+      if (i + 1 < steady) group({{action_kind::send_gradient, b, r}, {action_kind::recv_activation, f + 1, r}});
+      else group({{action_kind::send_gradient, b, r}});
+    }
+    for (int b = steady; b < m; ++b) detail::push_backward(out, b, r, p);
+  }
+  return s;
+}
+
+namespace detail {
+
+[[noreturn]] inline void reject(const schedule& s, int rank, std::size_t index, const action& a, const std::string& why) {
+  throw usage_error(trident::detail::concat("pipeline schedule '", s.name, "': rank ", rank, ", action ", index, " (", describe(a), "): ", why));
+}
+
+// The message a send or receive stands for: (from rank, to rank, kind, micro-batch, sending stage).
+struct message {
+  int from, to;
+  bool gradient;
+  int micro_batch, stage;
+  friend bool operator==(const message&, const message&) = default;
+};
+
+inline bool is_p2p(action_kind k) noexcept {
+  return k == action_kind::send_activation || k == action_kind::recv_activation || k == action_kind::send_gradient ||
+         k == action_kind::recv_gradient;
+}
+inline bool is_send(action_kind k) noexcept { return k == action_kind::send_activation || k == action_kind::send_gradient; }
+
+inline message message_of(const schedule& s, const action& a) {
+  switch (a.kind) {
+    case action_kind::send_activation: return {s.rank_of(a.stage), s.rank_of(a.stage + 1), false, a.micro_batch, a.stage};
+    case action_kind::recv_activation: return {s.rank_of(a.stage - 1), s.rank_of(a.stage), false, a.micro_batch, a.stage - 1};
+    case action_kind::send_gradient: return {s.rank_of(a.stage), s.rank_of(a.stage - 1), true, a.micro_batch, a.stage};
+    case action_kind::recv_gradient: return {s.rank_of(a.stage + 1), s.rank_of(a.stage), true, a.micro_batch, a.stage + 1};
+    default: return {};
+  }
+}
+
+inline std::string describe(const message& m) {
+  return trident::detail::concat(m.gradient ? "the gradient" : "the activation", " of micro-batch ", m.micro_batch, " from stage ", m.stage,
+                " (rank ", m.from, " to rank ", m.to, ")");
+}
+
+}  // namespace detail
+
+//! Throws usage_error naming the rank, the action and the reason when `s` is not a correct
+//! schedule (see the header comment for what is checked).
+inline void validate(const schedule& s) {
+  const char* head = "pipeline::validate";
+  TRIDENT_EXPECT(s.ranks >= 1 && s.stages >= s.ranks && s.stages % s.ranks == 0 && s.micro_batches >= 1, head, ": schedule '",
+                 s.name, "' has ", s.stages, " stages on ", s.ranks, " ranks and ", s.micro_batches,
+                 " micro-batches; expected a whole number of stages per rank and at least one micro-batch");
+  TRIDENT_EXPECT(s.actions.size() == static_cast<std::size_t>(s.ranks), head, ": schedule '", s.name, "' has action lists for ",
+                 s.actions.size(), " ranks; expected ", s.ranks);
+  const int last = s.stages - 1;
+  using key = std::pair<int, int>;  // (micro-batch, stage)
+  std::map<key, int> forwards, backwards, inputs, weights;
+  // Shape, and each rank's own order.
+  for (int r = 0; r < s.ranks; ++r) {
+    const auto& list = s.actions[static_cast<std::size_t>(r)];
+    std::map<key, bool> arrived_act, arrived_grad, done_f, done_b, sent;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const action& a = list[i];
+      auto fail = [&](const std::string& why) { detail::reject(s, r, i, a, why); };
+      if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches || a.stage < 0 || a.stage > last)
+        fail(trident::detail::concat("outside the schedule's ", s.micro_batches, " micro-batches and stages 0..", last));
+      if (s.rank_of(a.stage) != r) fail(trident::detail::concat("stage ", a.stage, " runs on rank ", s.rank_of(a.stage), ", not here"));
+      if (a.with_next && (!detail::is_p2p(a.kind) || i + 1 >= list.size() || !detail::is_p2p(list[i + 1].kind)))
+        fail("grouped with the next action (with_next), but only sends and receives form groups");
+      const key k{a.micro_batch, a.stage};
+      const bool local_in = a.stage > 0 && s.rank_of(a.stage - 1) == r;     // the previous stage is on this rank
+      const bool local_out = a.stage < last && s.rank_of(a.stage + 1) == r;  // so is the next
+      switch (a.kind) {
+        case action_kind::forward:
+          if (++forwards[k] > 1) fail("a second forward of this micro-batch and stage");
+          if (a.stage > 0 && !(local_in ? done_f[{a.micro_batch, a.stage - 1}] : arrived_act[k]))
+            fail(local_in ? "before the forward of the previous stage on this rank"
+                          : "before its input arrived (no recv_activation of it earlier on this rank)");
+          done_f[k] = true;
+          break;
+        case action_kind::backward:
+        case action_kind::backward_input: {
+          if (++backwards[k] > 1) fail("a second backward of this micro-batch and stage");
+          if (a.kind == action_kind::backward_input) ++inputs[k];
+          if (!done_f[k]) fail("before the forward of this micro-batch and stage");
+          if (a.stage < last && !(local_out ? done_b[{a.micro_batch, a.stage + 1}] : arrived_grad[k]))
+            fail(local_out ? "before the backward of the next stage on this rank"
+                           : "before its output gradient arrived (no recv_gradient of it earlier on this rank)");
+          done_b[k] = true;
+          break;
+        }
+        case action_kind::backward_weight:
+          if (++weights[k] > 1) fail("a second backward_weight of this micro-batch and stage");
+          if (inputs[k] == 0) fail("before backward_input of this micro-batch and stage (W needs B's gradient)");
+          break;
+        case action_kind::send_activation:
+          if (a.stage == last || local_out) fail("nothing to send: the next stage is not on another rank");
+          if (!done_f[k]) fail("before the forward that computes it");
+          if (sent[{a.micro_batch, 2 * a.stage}]) fail("sent twice");
+          sent[{a.micro_batch, 2 * a.stage}] = true;
+          break;
+        case action_kind::send_gradient:
+          if (a.stage == 0 || local_in) fail("nothing to send: the previous stage is not on another rank");
+          if (!done_b[k]) fail("before the backward that computes it");
+          if (sent[{a.micro_batch, 2 * a.stage + 1}]) fail("sent twice");
+          sent[{a.micro_batch, 2 * a.stage + 1}] = true;
+          break;
+        case action_kind::recv_activation:
+          if (a.stage == 0 || local_in) fail("nothing to receive: the previous stage is not on another rank");
+          if (arrived_act[k]) fail("received twice");
+          arrived_act[k] = true;
+          break;
+        case action_kind::recv_gradient:
+          if (a.stage == last || local_out) fail("nothing to receive: the next stage is not on another rank");
+          if (arrived_grad[k]) fail("received twice");
+          arrived_grad[k] = true;
+          break;
+      }
+    }
+  }
+  // Exactly once, everywhere.
+  for (int mb = 0; mb < s.micro_batches; ++mb)
+    for (int st = 0; st <= last; ++st) {
+      const key k{mb, st};
+      const int r = s.rank_of(st);
+      const action probe{action_kind::forward, mb, st};
+      const std::size_t end = s.actions[static_cast<std::size_t>(r)].size();
+      if (forwards[k] == 0) detail::reject(s, r, end, probe, "this micro-batch and stage has no forward");
+      if (backwards[k] == 0) detail::reject(s, r, end, {action_kind::backward, mb, st}, "this micro-batch and stage has no backward");
+      if (inputs[k] == 1 && weights[k] == 0)
+        detail::reject(s, r, end, {action_kind::backward_weight, mb, st},
+                       "backward_input without backward_weight: the weight gradient is never computed");
+    }
+  // Links: sends and receives between each ordered pair of ranks, the same messages in order.
+  std::map<std::pair<int, int>, std::vector<std::pair<detail::message, std::size_t>>> sends, recvs;
+  for (int r = 0; r < s.ranks; ++r) {
+    const auto& list = s.actions[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (!detail::is_p2p(list[i].kind)) continue;
+      const auto m = detail::message_of(s, list[i]);
+      (detail::is_send(list[i].kind) ? sends : recvs)[{m.from, m.to}].push_back({m, i});
+    }
+  }
+  for (const auto& [link, out] : sends) {
+    const auto& in = recvs[link];
+    for (std::size_t j = 0; j < out.size(); ++j) {
+      const auto& a = s.actions[static_cast<std::size_t>(link.first)][out[j].second];
+      if (j >= in.size())
+        detail::reject(s, link.first, out[j].second, a, trident::detail::concat("rank ", link.second, " never receives ", describe(out[j].first)));
+      if (!(in[j].first == out[j].first))
+        detail::reject(s, link.first, out[j].second, a,
+                       trident::detail::concat("messages from rank ", link.first, " to rank ", link.second, " match in issue order, and "
+                                      "this send (message ", j + 1, " on the link) meets rank ", link.second, "'s receive of ",
+                                      describe(in[j].first), " (its action ", in[j].second, "): crossed"));
+    }
+  }
+  for (const auto& [link, in] : recvs) {
+    const auto& out = sends[link];
+    if (in.size() > out.size()) {
+      const auto& extra = in[out.size()];
+      detail::reject(s, link.second, extra.second, s.actions[static_cast<std::size_t>(link.second)][extra.second],
+                     trident::detail::concat("rank ", link.first, " never sends ", describe(extra.first)));
+    }
+  }
+  // No deadlock: run every list. A group of sends and receives is posted at once; a message
+  // completes when both its send and its receive are posted; a rank moves past the group when
+  // all of its messages completed (one send alone completes only with its receive).
+  std::vector<std::size_t> at(static_cast<std::size_t>(s.ranks), 0);
+  std::vector<std::vector<bool>> done(static_cast<std::size_t>(s.ranks));
+  for (int r = 0; r < s.ranks; ++r) done[static_cast<std::size_t>(r)].assign(s.actions[static_cast<std::size_t>(r)].size(), false);
+  auto group_end = [&](int r, std::size_t i) {
+    const auto& list = s.actions[static_cast<std::size_t>(r)];
+    while (i < list.size() && detail::is_p2p(list[i].kind) && list[i].with_next) ++i;
+    return std::min(i + 1, list.size());
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      auto& i = at[static_cast<std::size_t>(r)];
+      const auto& list = s.actions[static_cast<std::size_t>(r)];
+      while (i < list.size()) {
+        if (!detail::is_p2p(list[i].kind)) {
+          ++i;
+          progress = true;
+          continue;
+        }
+        const std::size_t end = group_end(r, i);
+        for (std::size_t k = i; k < end; ++k) {
+          if (done[static_cast<std::size_t>(r)][k]) continue;
+          const auto m = detail::message_of(s, list[k]);
+          const int peer = detail::is_send(list[k].kind) ? m.to : m.from;
+          const auto& other = s.actions[static_cast<std::size_t>(peer)];
+          const std::size_t j0 = at[static_cast<std::size_t>(peer)];
+          if (j0 >= other.size() || !detail::is_p2p(other[j0].kind)) continue;
+          for (std::size_t j = j0; j < group_end(peer, j0); ++j)
+            if (!done[static_cast<std::size_t>(peer)][j] && detail::is_send(other[j].kind) != detail::is_send(list[k].kind) &&
+                detail::message_of(s, other[j]) == m) {
+              done[static_cast<std::size_t>(r)][k] = done[static_cast<std::size_t>(peer)][j] = true;
+              progress = true;
+              break;
+            }
+        }
+        bool all = true;
+        for (std::size_t k = i; k < end; ++k) all = all && done[static_cast<std::size_t>(r)][k];
+        if (!all) break;
+        i = end;
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < s.ranks; ++r) {
+    const auto i = at[static_cast<std::size_t>(r)];
+    const auto& list = s.actions[static_cast<std::size_t>(r)];
+    if (i < list.size()) {
+      std::string others;
+      for (int q = 0; q < s.ranks; ++q) {
+        const auto j = at[static_cast<std::size_t>(q)];
+        if (q != r && j < s.actions[static_cast<std::size_t>(q)].size())
+          others += trident::detail::concat("; rank ", q, " waits in ", describe(s.actions[static_cast<std::size_t>(q)][j]));
+      }
+      detail::reject(s, r, i, list[i],
+                     trident::detail::concat("deadlock with blocking point-to-point: this waits for a peer that waits too", others));
+    }
+  }
+}
+
+}  // namespace trident::pipeline
