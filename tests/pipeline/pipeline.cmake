@@ -1,2 +1,2 @@
-# Pipeline parallelism (parallel/pipeline/): schedules as data and their validator.
-trident_add_test(pipeline.schedule SOURCES pipeline/test_schedule.cpp LABELS pipeline)
+# Pipeline parallelism (parallel/pipeline/): schedules as data, their validator and the simulator.
+trident_add_test(pipeline.schedule SOURCES pipeline/test_schedule.cpp pipeline/test_simulator.cpp LABELS pipeline)
