@@ -54,6 +54,7 @@
 #include "trident/nn/norm.hpp"
 
 #include "trident/parallel/data/zero_optimizer.hpp"
+#include "trident/parallel/pipeline/partition.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"
 #include "trident/parallel/pipeline/simulator.hpp"
 #include "trident/parallel/tensor/block.hpp"

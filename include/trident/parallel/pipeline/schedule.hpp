@@ -14,6 +14,8 @@
 //   one_f_one_b(p, m)        p - r - 1 warm-up forwards on rank r, then one forward and one
 //                            backward in turn, then the rest of the backwards (PipeDream-Flush,
 //                            Megatron-LM's non-interleaved schedule)
+//   from_compute_order(...)  a schedule from each rank's order of computes: the sends and
+//                            receives are inserted and paired (users' own schedules)
 //   validate(schedule)       a usage_error naming the rank, the action and the reason, or nothing
 //
 // A send or receive names the stage whose compute is on this rank: send_activation{mb, s} sends
@@ -210,6 +212,50 @@ inline std::string describe(const message& m) {
 }
 
 }  // namespace detail
+
+//! A schedule from each rank's order of compute actions (forward, backward, backward_input,
+//! backward_weight): the sends and receives between stages on different ranks are inserted
+//! (a receive before the compute that needs it, a send after the compute that makes it), and
+//! those between two computes are posted as one group, as Megatron-LM pairs them in 1F1B
+//! (send_forward_recv_backward, ...): how users hand in their own schedules. Orders that need
+//! a receive posted earlier than the compute just before its consumer (Megatron's interleaved
+//! schedule prefetches across chunks) deadlock this way; validate() says where.
+inline schedule from_compute_order(std::string name, int stages, int ranks, int micro_batches,
+                                   const std::vector<std::vector<action>>& compute) {
+  TRIDENT_EXPECT(ranks >= 1 && stages >= ranks && stages % ranks == 0 && micro_batches >= 1, "pipeline::from_compute_order(",
+                 name, "): ", stages, " stages on ", ranks, " ranks and ", micro_batches,
+                 " micro-batches; expected a whole number of stages per rank and at least one micro-batch");
+  TRIDENT_EXPECT(compute.size() == static_cast<std::size_t>(ranks), "pipeline::from_compute_order(", name, "): orders for ",
+                 compute.size(), " ranks; expected ", ranks);
+  schedule s{std::move(name), stages, ranks, micro_batches, std::vector<std::vector<action>>(static_cast<std::size_t>(ranks))};
+  const int last = stages - 1;
+  for (int r = 0; r < ranks; ++r) {
+    auto& out = s.actions[static_cast<std::size_t>(r)];
+    std::vector<action> pending;  // sends after the previous compute, receives before the next
+    auto flush = [&] {
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        pending[i].with_next = i + 1 < pending.size();
+        out.push_back(pending[i]);
+      }
+      pending.clear();
+    };
+    for (const action& a : compute[static_cast<std::size_t>(r)]) {
+      TRIDENT_EXPECT(!detail::is_p2p(a.kind) && !a.with_next, "pipeline::from_compute_order(", s.name, "): rank ", r,
+                     " lists ", describe(a), "; expected compute actions only (the sends and receives are inserted)");
+      const bool remote_in = a.stage > 0 && s.rank_of(a.stage - 1) != r;
+      const bool remote_out = a.stage < last && s.rank_of(a.stage + 1) != r;
+      if (a.kind == action_kind::forward && remote_in) pending.push_back({action_kind::recv_activation, a.micro_batch, a.stage});
+      const bool input_gradient = a.kind == action_kind::backward || a.kind == action_kind::backward_input;
+      if (input_gradient && remote_out) pending.push_back({action_kind::recv_gradient, a.micro_batch, a.stage});
+      flush();
+      out.push_back(a);
+      if (a.kind == action_kind::forward && remote_out) pending.push_back({action_kind::send_activation, a.micro_batch, a.stage});
+      if (input_gradient && remote_in) pending.push_back({action_kind::send_gradient, a.micro_batch, a.stage});
+    }
+    flush();
+  }
+  return s;
+}
 
 //! Throws usage_error naming the rank, the action and the reason when `s` is not a correct
 //! schedule (see the header comment for what is checked).
