@@ -906,6 +906,9 @@ class zero_optimizer {
     const double mine[4] = {static_cast<double>(comm_->rank()), -static_cast<double>(comm_->rank()),
                             static_cast<double>(comm_->size()), -static_cast<double>(comm_->size())};
     upload(model_report_, 0, mine, 4);
+    // The upload is ordered on the data-parallel communicator's stream, the all-reduce on the
+    // model-parallel one's: on a device, the first must be done before the second starts.
+    if constexpr (!space::host_accessible) comm_->synchronize();
     model_parallel_->all_reduce(model_report_, reduce_op::max);
     model_parallel_->synchronize();
     const auto all = to_vector(model_report_);
@@ -926,6 +929,7 @@ class zero_optimizer {
                 reports[r * report_fields + 3] != reports[3];
     const double mine[3] = {norm_squared, overflow ? 1.0 : 0.0, problem ? 1.0 : 0.0};
     upload(model_report_, 0, mine, 3);
+    if constexpr (!space::host_accessible) comm_->synchronize();  // see check_model_parallel_group
     guarded("step", [&] {
       model_parallel_->all_reduce(model_report_, reduce_op::sum);
       model_parallel_->synchronize();
