@@ -210,31 +210,29 @@ class transformer_block {
     check_activations(s);
     const nn::layer_norm ln{h, c_.eps};
     std::copy(x.begin(), x.end(), s.x.span().begin());
-    if (c_.sequence_parallel) {
-      ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
-      gather_from_sequence::forward(tp, s.ln1_out.span(), s.gathered.span());
-      qkv_.forward(tp, n, s.gathered.span(), w.qkv_weight, w.qkv_bias, s.qkv.span());
-      attention().forward(s.qkv.span(), s.attn.span(), s.probs.span());
-      proj_.forward_to_sequence(tp, n, s.attn.span(), w.proj_weight, w.proj_bias, s.partial.span(), s.mid.span());
-      for (std::size_t i = 0; i < m * h; ++i) s.mid[i] += x[i];
-      ln.forward(m, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
-      gather_from_sequence::forward(tp, s.ln2_out.span(), s.gathered.span());
-      fc1_.forward(tp, n, s.gathered.span(), w.fc1_weight, w.fc1_bias, s.fc1_out.span());
-      nn::gelu::forward(s.fc1_out.span(), s.gelu_out.span());
-      fc2_.forward_to_sequence(tp, n, s.gelu_out.span(), w.fc2_weight, w.fc2_bias, s.partial.span(), y);
-      for (std::size_t i = 0; i < m * h; ++i) y[i] += s.mid[i];
-      return;
-    }
-    ln.forward(n, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
-    qkv_.forward(tp, n, s.ln1_out.span(), w.qkv_weight, w.qkv_bias, s.qkv.span());
+    const bool sp = c_.sequence_parallel;
+    // The column layers take every row: the norm's output itself, or its gathered shards.
+    auto whole = [&](block_activations::storage& normed) {
+      if (!sp) return std::span<const float>(normed.span());
+      gather_from_sequence::forward(tp, normed.span(), s.gathered.span());
+      return std::span<const float>(s.gathered.span());
+    };
+    // The row layers sum over the group: all-reduced (g), or reduce-scattered to this rank's rows.
+    auto row = [&](const row_parallel_linear& layer, std::span<const float> in, std::span<const float> weight,
+                   std::span<const float> bias, std::span<float> out) {
+      if (sp) layer.forward_to_sequence(tp, n, in, weight, bias, s.partial.span(), out);
+      else layer.forward(tp, n, in, weight, bias, out);
+    };
+    ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
+    qkv_.forward(tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.span());
     attention().forward(s.qkv.span(), s.attn.span(), s.probs.span());
-    proj_.forward(tp, n, s.attn.span(), w.proj_weight, w.proj_bias, s.mid.span());  // summed over the group (g)
-    for (std::size_t i = 0; i < n * h; ++i) s.mid[i] += x[i];
-    ln.forward(n, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
-    fc1_.forward(tp, n, s.ln2_out.span(), w.fc1_weight, w.fc1_bias, s.fc1_out.span());
+    row(proj_, s.attn.span(), w.proj_weight, w.proj_bias, s.mid.span());
+    for (std::size_t i = 0; i < m * h; ++i) s.mid[i] += x[i];
+    ln.forward(m, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
+    fc1_.forward(tp, n, whole(s.ln2_out), w.fc1_weight, w.fc1_bias, s.fc1_out.span());
     nn::gelu::forward(s.fc1_out.span(), s.gelu_out.span());
-    fc2_.forward(tp, n, s.gelu_out.span(), w.fc2_weight, w.fc2_bias, y);
-    for (std::size_t i = 0; i < n * h; ++i) y[i] += s.mid[i];
+    row(fc2_, s.gelu_out.span(), w.fc2_weight, w.fc2_bias, y);
+    for (std::size_t i = 0; i < m * h; ++i) y[i] += s.mid[i];
   }
 
   //! dx (overwritten) from dy, both [seq x batch, hidden] and the same on every rank; the
