@@ -1,2 +1,9 @@
-# Pipeline parallelism (parallel/pipeline/): schedules as data, their validator and the simulator.
+# Pipeline parallelism (parallel/pipeline/): schedules as data, their validator and the simulator;
+# the executor (pipeline.hpp) against gradient accumulation on one rank, on thread ranks and MPI.
+find_package(Threads REQUIRED)
 trident_add_test(pipeline.schedule SOURCES pipeline/test_schedule.cpp pipeline/test_simulator.cpp pipeline/test_partition.cpp LABELS pipeline)
+trident_add_test(pipeline.local SOURCES pipeline/test_pipeline_local.cpp LIBRARIES Threads::Threads LABELS pipeline local)
+if(TARGET trident::mpi)
+  trident_add_test(pipeline.mpi SOURCES pipeline/test_pipeline_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4
+                   LABELS pipeline mpi)
+endif()
