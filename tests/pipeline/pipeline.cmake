@@ -7,3 +7,5 @@ if(TARGET trident::mpi)
   trident_add_test(pipeline.mpi SOURCES pipeline/test_pipeline_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4
                    LABELS pipeline mpi)
 endif()
+# 3-D: pipeline stages of tensor-parallel transformer blocks with ZeRO on the data axis.
+trident_add_test(pipeline.grid SOURCES pipeline/test_pipeline_grid.cpp LIBRARIES Threads::Threads LABELS pipeline local)
