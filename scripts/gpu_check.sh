@@ -72,6 +72,8 @@ for ranks in 4; do
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_comm_nccl_multirank"
   [[ -x $build/tests/test_tensor_nccl ]] && step "tensor.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_tensor_nccl"
+  [[ -x $build/tests/test_pipeline_nccl ]] && step "pipeline.nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_pipeline_nccl"
   [[ -x $build/tests/test_zero_nccl ]] && step "zero.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_nccl"
   [[ -x $build/tests/test_zero_misuse_nccl ]] && step "zero.misuse_nccl -np $ranks" \

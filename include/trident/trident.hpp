@@ -55,6 +55,7 @@
 
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/pipeline/partition.hpp"
+#include "trident/parallel/pipeline/pipeline.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"
 #include "trident/parallel/pipeline/simulator.hpp"
 #include "trident/parallel/tensor/block.hpp"

@@ -9,3 +9,9 @@ if(TARGET trident::mpi)
 endif()
 # 3-D: pipeline stages of tensor-parallel transformer blocks with ZeRO on the data axis.
 trident_add_test(pipeline.grid SOURCES pipeline/test_pipeline_grid.cpp LIBRARIES Threads::Threads LABELS pipeline local)
+if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi AND TARGET trident::cuda)
+  # The executor with device messages on 2 NCCL ranks sharing GPU 0; skips (77) without a device.
+  trident_add_test(pipeline.nccl SOURCES pipeline/test_pipeline_nccl.cu LIBRARIES trident::nccl trident::cuda trident::mpi
+                   Threads::Threads MPI_RANKS 2 LABELS pipeline nccl gpu mpi TIMEOUT 600)
+  set_property(TEST pipeline.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+endif()

@@ -56,7 +56,9 @@
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/space_span.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"
 
 namespace trident::pipeline {
@@ -130,6 +132,24 @@ inline std::uint64_t schedule_hash(const schedule& s) {
           (static_cast<std::uint64_t>(a.stage) << 1) ^ static_cast<std::uint64_t>(a.with_next));
   }
   return h;
+}
+
+// An all-reduce of a few host integers over any communicator: staged through the
+// communicator's space when that is not the host (NCCL takes device memory only).
+template <class Comm>
+std::vector<std::uint64_t> all_reduce_small(Comm& comm, const std::vector<std::uint64_t>& mine, reduce_op op) {
+  using Space = typename Comm::space;
+  if constexpr (Space::host_accessible) {
+    std::vector<std::uint64_t> out(mine.size());
+    comm.all_reduce(mine, out, op);
+    return out;
+  } else {
+    buffer<std::uint64_t, Space> in(mine.size()), out(mine.size());
+    copy(space_span<const std::uint64_t, host_space>(mine.data(), mine.size()), space_span<std::uint64_t, Space>(in));
+    comm.all_reduce(in, out, op);
+    comm.synchronize();
+    return to_vector(out);
+  }
 }
 
 template <class M>
@@ -303,9 +323,8 @@ class pipeline {
   void agree_on_stages(Comm& comm) {
     std::uint64_t h = detail::fnv("trident::pipeline");
     ((h = detail::fnv(typeid(Stages).name(), h)), ...);
-    std::vector<std::uint64_t> mine{static_cast<std::uint64_t>(stage_count), h}, hi(2), lo(2);
-    comm.all_reduce(mine, hi, reduce_op::max);
-    comm.all_reduce(mine, lo, reduce_op::min);
+    const std::vector<std::uint64_t> mine{static_cast<std::uint64_t>(stage_count), h};
+    const auto hi = detail::all_reduce_small(comm, mine, reduce_op::max), lo = detail::all_reduce_small(comm, mine, reduce_op::min);
     TRIDENT_EXPECT(hi == lo, "pipeline: the ranks of the pipeline communicator hold different lists of stages (this rank, ",
                    rank_, ", has ", stage_count, " stages; the ranks have between ", lo[0], " and ", hi[0],
                    (hi[0] == lo[0] ? ", and their types differ" : ""), "); every rank must build the same pipeline<Stages...>");
@@ -315,9 +334,9 @@ class pipeline {
   // each rank fills the rows of its stages, the ranks combine them (max), every rank checks all.
   template <class Comm>
   void agree_on_sizes(Comm& comm) {
-    std::vector<std::uint64_t> mine(4 * static_cast<std::size_t>(stage_count), 0), all(mine.size());
+    std::vector<std::uint64_t> mine(4 * static_cast<std::size_t>(stage_count), 0);
     fill_sizes(mine, std::make_index_sequence<sizeof...(Stages)>{});
-    comm.all_reduce(mine, all, reduce_op::max);
+    const auto all = detail::all_reduce_small(comm, mine, reduce_op::max);
     for (int k = 0; k + 1 < stage_count; ++k) {
       const auto out_hash = all[4 * static_cast<std::size_t>(k) + 2], out_numel = all[4 * static_cast<std::size_t>(k) + 3];
       const auto in_hash = all[4 * static_cast<std::size_t>(k + 1)], in_numel = all[4 * static_cast<std::size_t>(k + 1) + 1];
@@ -351,9 +370,8 @@ class pipeline {
     TRIDENT_EXPECT(s.stages == stage_count && s.ranks == ranks_, "pipeline::run: schedule '", s.name, "' is for ", s.stages,
                    " stages on ", s.ranks, " ranks; this pipeline has ", stage_count, " stages on ", ranks_, " ranks");
     validate(s);
-    std::vector<std::uint64_t> mine{h}, hi(1), lo(1);
-    comm.all_reduce(mine, hi, reduce_op::max);
-    comm.all_reduce(mine, lo, reduce_op::min);
+    const std::vector<std::uint64_t> mine{h};
+    const auto hi = detail::all_reduce_small(comm, mine, reduce_op::max), lo = detail::all_reduce_small(comm, mine, reduce_op::min);
     TRIDENT_EXPECT(hi == lo, "pipeline::run: the ranks run different schedules (rank ", rank_, " runs '", s.name, "' with ",
                    s.micro_batches, " micro-batches); every rank must pass the same schedule");
     for (const auto& list : s.actions)
