@@ -14,6 +14,15 @@
 //   one_f_one_b(p, m)        p - r - 1 warm-up forwards on rank r, then one forward and one
 //                            backward in turn, then the rest of the backwards (PipeDream-Flush,
 //                            Megatron-LM's non-interleaved schedule)
+//   interleaved_one_f_one_b(p, m, v)
+//                            Megatron-LM's interleaved 1F1B (Narayanan et al. 2021): v chunks per
+//                            rank, v p stages, m a multiple of p; receives prefetched a step
+//                            ahead, up to four messages a group; bubble (p - 1) / (v m + p - 1)
+//   zb_h1(p, m)              zero-bubble ZB-H1 (Qi et al. 2023): backward split into B and W,
+//                            1F1B's memory, W's fill 1F1B's bubbles: (p - 1) / (3m + p - 1)
+//                            with F = B = W, a third of 1F1B's idle time
+//   zb_h2(p, m)              ZB-H2: p - 1 more warm-up forwards (2p - 1 micro-batches on rank
+//                            0), no idle time between a rank's first and last compute
 //   from_compute_order(...)  a schedule from each rank's order of computes: the sends and
 //                            receives are inserted and paired (users' own schedules)
 //   validate(schedule)       a usage_error naming the rank, the action and the reason, or nothing
@@ -43,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <utility>
 #include <string>
@@ -174,6 +184,284 @@ inline schedule one_f_one_b(int p, int m) {
     for (int b = steady; b < m; ++b) detail::push_backward(out, b, r, p);
   }
   return s;
+}
+
+namespace detail {
+
+// Python's modulo: never negative (Megatron's chunk arithmetic looks behind the first micro-batch).
+constexpr int wrap(int k, int n) noexcept { return ((k % n) + n) % n; }
+
+// A group of sends and receives in one rank's list: what one batched p2p call posts (Megatron's
+// send_forward_backward_recv_forward_backward and its smaller siblings). The receives name their
+// message later (fill_receives), once every rank's order is known.
+inline void push_group(std::vector<action>& out, std::initializer_list<action> ops) {
+  const std::size_t begin = out.size();
+  for (const action& a : ops)
+    if (a.micro_batch >= 0) out.push_back(a);
+  for (std::size_t i = begin; i + 1 < out.size(); ++i) out[i].with_next = true;
+}
+
+// Gives the i-th receive of each kind on rank r the i-th message that rank needs, in the order
+// its computes consume them: messages between two ranks match in issue order, and the senders
+// issue in that same order, so this names each receive after the message it will meet.
+inline void fill_receives(schedule& s) {
+  const int last = s.stages - 1;
+  for (int r = 0; r < s.ranks; ++r) {
+    auto& list = s.actions[static_cast<std::size_t>(r)];
+    std::vector<action> inputs, gradients;  // the computes that need a message, in order
+    for (const action& a : list) {
+      if (a.kind == action_kind::forward && a.stage > 0 && s.rank_of(a.stage - 1) != r) inputs.push_back(a);
+      const bool input_gradient = a.kind == action_kind::backward || a.kind == action_kind::backward_input;
+      if (input_gradient && a.stage < last && s.rank_of(a.stage + 1) != r) gradients.push_back(a);
+    }
+    std::size_t next_input = 0, next_gradient = 0;
+    for (action& a : list) {
+      auto& from = a.kind == action_kind::recv_activation ? inputs : gradients;
+      auto& next = a.kind == action_kind::recv_activation ? next_input : next_gradient;
+      if (a.kind != action_kind::recv_activation && a.kind != action_kind::recv_gradient) continue;
+      TRIDENT_EXPECT(next < from.size(), "pipeline::", s.name, ": rank ", r, " receives more ",
+                     a.kind == action_kind::recv_activation ? "activations" : "gradients", " than it consumes");
+      a.micro_batch = from[next].micro_batch;
+      a.stage = from[next].stage;
+      ++next;
+    }
+  }
+}
+
+}  // namespace detail
+
+//! Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+//! Training on GPU Clusters Using Megatron-LM", section 2.2.2): each rank holds v model chunks,
+//! so there are v x p stages and stage s runs on rank s % p (chunk s / p). Rank r runs the
+//! chunks' forwards in groups of p micro-batches per chunk (micro-batches 0..p-1 through chunk
+//! 0, then through chunk 1, ..., then p..2p-1 through chunk 0, ...), with
+//! min(2 (p - r - 1) + (v - 1) p, v m) warm-up forwards (all v m when m = p), then one forward
+//! and one backward in turn, then the remaining backwards; backwards take the chunks in reverse.
+//!
+//! Communication is Megatron's: after each compute step one group posts the sends of what was
+//! just computed together with the receives for the next step (send_forward_recv_forward in
+//! the warm-up, send_forward_backward_recv_forward_backward, up to four messages, in the steady
+//! state, send_backward_recv_backward in the cool-down). A receive is thus posted a whole step
+//! before its consumer, which is what keeps the ring of chunks (rank p - 1 feeds rank 0's next
+//! chunk) free of deadlock; receives posted right before their consumer (from_compute_order)
+//! deadlock here.
+//!
+//! Expects m a multiple of p (Megatron's condition: the micro-batches go through the chunks in
+//! groups of p). With equal costs per chunk (forward F / v, backward B / v) and no latency the
+//! bubble is the published (p - 1) / (v m + p - 1): the 1F1B bubble's idle time divided by v.
+//! Peak activations, in chunk-micro-batches (one micro-batch through one chunk): Megatron's
+//! warm-up plus the steady state's forward, min(2 (p - r - 1) + (v - 1) p + 1, v m) on rank r;
+//! on rank 0, (v + 1) p - 1 when m > p (with v = 1 this is 2p - 1, against 1F1B's p).
+//!
+//!   const auto s = trident::pipeline::interleaved_one_f_one_b(4, 8, 2);  // 8 stages on 4 ranks
+//!   trident::pipeline::validate(s);
+inline schedule interleaved_one_f_one_b(int p, int m, int v) {
+  TRIDENT_EXPECT(p >= 1 && m >= 1 && v >= 1, "interleaved_one_f_one_b(", p, " ranks, ", m, " micro-batches, ", v,
+                 " chunks): expected at least one of each");
+  TRIDENT_EXPECT(m % p == 0, "interleaved_one_f_one_b(", p, " ranks, ", m, " micro-batches, ", v,
+                 " chunks): expected the micro-batches to be a multiple of the ranks (", p,
+                 ", 2 x ", p, ", ...), as Megatron-LM's interleaved schedule requires");
+  const int stages = v * p, last = stages - 1, total = v * m;
+  schedule s{"interleaved-1f1b", stages, p, m, std::vector<std::vector<action>>(static_cast<std::size_t>(p))};
+  // Megatron's virtual micro-batch k: which micro-batch and which chunk, forwards and backwards.
+  auto chunk_f = [&](int k) { return detail::wrap(k, p * v) / p; };
+  auto chunk_b = [&](int k) { return v - 1 - chunk_f(k); };
+  auto micro_batch = [&](int k) { return (k / (p * v)) * p + k % p; };
+  constexpr action none{action_kind::forward, -1, -1};  // a message this step does not have
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[static_cast<std::size_t>(r)];
+    const bool first = r == 0, last_rank = r == p - 1, alone = p == 1;  // alone: every chunk here, no messages
+    auto forward = [&](int k) { return action{action_kind::forward, micro_batch(k), chunk_f(k) * p + r}; };
+    auto backward = [&](int k) { return action{action_kind::backward, micro_batch(k), chunk_b(k) * p + r}; };
+    // The messages of one step; receives get their micro-batch and stage from fill_receives.
+    auto send_f = [&](int k) {
+      const action f = forward(k);
+      return f.stage < last && !alone ? action{action_kind::send_activation, f.micro_batch, f.stage} : none;
+    };
+    auto send_b = [&](int k) {
+      const action b = backward(k);
+      return b.stage > 0 && !alone ? action{action_kind::send_gradient, b.micro_batch, b.stage} : none;
+    };
+    auto recv_f = [&](bool yes) { return yes && !alone ? action{action_kind::recv_activation, 0, 0} : none; };
+    auto recv_b = [&](bool yes) { return yes && !alone ? action{action_kind::recv_gradient, 0, 0} : none; };
+    const int warmup = m == p ? total : std::min(2 * (p - r - 1) + (v - 1) * p, total);
+    const bool all_warmup = warmup == total;
+    const int steady = total - warmup;
+    detail::push_group(out, {recv_f(!first)});
+    for (int k = 0; k < warmup; ++k) {
+      out.push_back(forward(k));
+      const bool recv_prev = !(first && chunk_f(k + 1) == 0) && k != total - 1;
+      // The last warm-up step also fetches the first backward's output gradient.
+      const bool recv_next = k == warmup - 1 && !all_warmup && !last_rank;
+      detail::push_group(out, {send_f(k), recv_f(recv_prev), recv_b(recv_next)});
+    }
+    for (int k = 0; k < steady; ++k) {
+      const int fk = warmup + k, bk = k;
+      out.push_back(forward(fk));
+      out.push_back(backward(bk));
+      // Rank 0 is p - 1 steps ahead of rank p - 1 (and the other way round for gradients): what
+      // arrives now is what the peer computed p - 1 steps ago, nothing when that was its last chunk.
+      bool recv_prev = first ? chunk_f(fk - (p - 1)) != v - 1 : true;
+      const bool recv_next = last_rank ? chunk_b(bk - (p - 1)) != 0 : true;
+      if (k == steady - 1) recv_prev = false;
+      detail::push_group(out, {send_f(fk), send_b(bk), recv_f(recv_prev), recv_b(recv_next)});
+    }
+    if (all_warmup) detail::push_group(out, {recv_b(!last_rank)});
+    for (int k = steady; k < total; ++k) {
+      out.push_back(backward(k));
+      const bool recv_next = !(last_rank && chunk_b(k + 1) == v - 1) && k != total - 1;
+      detail::push_group(out, {send_b(k), recv_b(recv_next)});
+    }
+  }
+  detail::fill_receives(s);
+  return s;
+}
+
+namespace detail {
+
+// The zero-bubble schedules, built in two passes.
+//
+// First, each rank's order of computes, from a run with unit costs (F = B = W = 1, messages
+// free): the forwards and backward_inputs keep 1F1B's order after `warmup[r]` forwards, and a
+// rank runs its oldest pending backward_weight whenever its next F or B cannot start yet, or
+// when that next one is a forward and it already holds `in_flight` micro-batches whose W has
+// not run (the papers' memory rule), and runs the rest at the end. This is where Qi et al.'s
+// figures put the W's: in the bubbles that 1F1B would leave.
+//
+// Second, the messages: each is posted on both sides at the time its producer finished in that
+// run (a group per rank and time), so in that run no rank ever waits for a peer. The groups
+// carry their times in increasing order on every rank, and a message's two ends have the same
+// time, so the blocked group with the smallest time always finds its peers at that same group:
+// no deadlock whatever the real costs are.
+inline schedule zero_bubble(std::string name, int p, int m, const std::vector<int>& warmup, int in_flight) {
+  const auto n = static_cast<std::size_t>(p);
+  std::vector<std::vector<action>> fb(n);  // each rank's forwards and backward_inputs, 1F1B's order
+  for (int r = 0; r < p; ++r) {
+    auto& list = fb[static_cast<std::size_t>(r)];
+    const int w = std::min(warmup[static_cast<std::size_t>(r)], m);
+    for (int k = 0; k < w; ++k) list.push_back({action_kind::forward, k, r});
+    for (int i = 0; i < m - w; ++i) {
+      list.push_back({action_kind::forward, w + i, r});
+      list.push_back({action_kind::backward_input, i, r});
+    }
+    for (int b = m - w; b < m; ++b) list.push_back({action_kind::backward_input, b, r});
+  }
+  struct timed {
+    action what;
+    int start;
+  };
+  std::vector<std::vector<timed>> order(n);
+  std::vector<std::vector<int>> forward_end(n, std::vector<int>(static_cast<std::size_t>(m), -1)), backward_end = forward_end;
+  std::vector<std::size_t> at(n, 0);
+  std::vector<int> forwards(n, 0), weights(n, 0), oldest_w(n, 0), inputs(n, 0);
+  auto done_by = [](int end, int t) { return end >= 0 && end <= t; };
+  for (int t = 0, left = 3 * m * p; left > 0; ++t) {
+    for (std::size_t r = 0; r < n; ++r) {
+      const bool pending_w = oldest_w[r] < inputs[r];
+      if (at[r] < fb[r].size()) {
+        const action& a = fb[r][at[r]];
+        const auto mb = static_cast<std::size_t>(a.micro_batch);
+        const bool ready = a.kind == action_kind::forward ? (r == 0 || done_by(forward_end[r - 1][mb], t))
+                                                          : (r + 1 == n || done_by(backward_end[r + 1][mb], t));
+        const bool held = a.kind == action_kind::forward && forwards[r] - weights[r] >= in_flight && pending_w;
+        if (ready && !held) {
+          order[r].push_back({a, t});
+          ++at[r];
+          --left;
+          if (a.kind == action_kind::forward) {
+            forward_end[r][mb] = t + 1;
+            ++forwards[r];
+          } else {
+            backward_end[r][mb] = t + 1;
+            ++inputs[r];
+          }
+          continue;
+        }
+      }
+      if (pending_w) {
+        order[r].push_back({{action_kind::backward_weight, oldest_w[r]++, static_cast<int>(r)}, t});
+        ++weights[r];
+        --left;
+      }
+    }
+  }
+  // Messages at the time their producer finished, on both ranks.
+  std::vector<std::map<int, std::vector<action>>> groups(n);
+  for (std::size_t r = 0; r < n; ++r)
+    for (const auto& [a, start] : order[r]) {
+      if (a.kind == action_kind::forward && r + 1 < n) {
+        groups[r][start + 1].push_back({action_kind::send_activation, a.micro_batch, a.stage});
+        groups[r + 1][start + 1].push_back({action_kind::recv_activation, a.micro_batch, a.stage + 1});
+      }
+      if (a.kind == action_kind::backward_input && r > 0) {
+        groups[r][start + 1].push_back({action_kind::send_gradient, a.micro_batch, a.stage});
+        groups[r - 1][start + 1].push_back({action_kind::recv_gradient, a.micro_batch, a.stage - 1});
+      }
+    }
+  schedule s{std::move(name), p, p, m, std::vector<std::vector<action>>(n)};
+  for (std::size_t r = 0; r < n; ++r) {
+    auto& out = s.actions[r];
+    auto g = groups[r].begin();
+    auto post_until = [&](int t) {
+      for (; g != groups[r].end() && g->first <= t; ++g) {
+        for (std::size_t i = 0; i < g->second.size(); ++i) {
+          out.push_back(g->second[i]);
+          out.back().with_next = i + 1 < g->second.size();
+        }
+      }
+    };
+    for (const auto& [a, start] : order[r]) {
+      post_until(start);
+      out.push_back(a);
+    }
+    post_until(std::numeric_limits<int>::max());
+  }
+  return s;
+}
+
+}  // namespace detail
+
+//! ZB-H1, the memory-efficient zero-bubble schedule (Qi et al. 2023, "Zero Bubble Pipeline
+//! Parallelism", ICLR 2024, section 2.1): the backward is split into backward_input (B, the
+//! gradient sent upstream) and backward_weight (W, local, any time after B). Forwards and B's
+//! keep 1F1B's order (p - r - 1 warm-up forwards on rank r), so at most p - r micro-batches
+//! wait for their B on rank r, as in 1F1B; the W's go where 1F1B would idle, with at most p
+//! micro-batches whose W has not run on any rank (the paper's "same number of in-flight
+//! micro-batches"), the rest fill the tail.
+//!
+//! Bubble: the paper's (p - 1)(T_F + T_B - T_W) idle time per rank, against 1F1B's
+//! (p - 1)(T_F + T_B + T_W): with F = B = W and no latency, a bubble fraction of
+//! (p - 1) / (3m + p - 1) for m >= p, a third of 1F1B's idle time (the simulation gives it
+//! exactly). For m < p the chain of B's bounds it: a makespan of 2(m + p) - 1 units.
+//! Messages are grouped by when they are ready (see detail::zero_bubble), not as 1F1B pairs them.
+//!
+//!   const auto s = trident::pipeline::zb_h1(4, 8);
+//!   trident::pipeline::simulate(s, {.backward_input = 1, .backward_weight = 1}).bubble;  // 3 / 27
+inline schedule zb_h1(int p, int m) {
+  detail::check_sizes("zb_h1", p, m);
+  std::vector<int> warmup(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) warmup[static_cast<std::size_t>(r)] = p - r - 1;
+  return detail::zero_bubble("zb-h1", p, m, warmup, p);
+}
+
+//! ZB-H2, the zero-bubble schedule (Qi et al. 2023, section 2.2): like ZB-H1, with p - 1 more
+//! warm-up forwards on every rank (2 (p - r - 1) on rank r), so that the first B reaches each
+//! rank just as its forwards run out: at most 2 (p - r) - 1 micro-batches wait for their B on
+//! rank r, 2p - 1 on rank 0 (the paper's (2p - 1) M_B), and at most 2p - 1 wait for their W.
+//!
+//! Bubble: with F = B = W, no latency and m >= 2p - 1 every rank computes without a gap from
+//! its first forward to its last W (simulation::span_bubble is 0: the paper's zero bubble,
+//! which needs the next iteration to start without a flush, e.g. its optimizer post-validation).
+//! Within one flushed iteration the ranks still start p - 1 units apart, so the bubble
+//! fraction is that of ZB-H1, (p - 1) / (3m + p - 1).
+//!
+//!   const auto s = trident::pipeline::zb_h2(4, 8);
+//!   trident::pipeline::simulate(s, {.backward_input = 1, .backward_weight = 1}).span_bubble;  // 0
+inline schedule zb_h2(int p, int m) {
+  detail::check_sizes("zb_h2", p, m);
+  std::vector<int> warmup(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) warmup[static_cast<std::size_t>(r)] = 2 * (p - r - 1);
+  return detail::zero_bubble("zb-h2", p, m, warmup, 2 * p - 1);
 }
 
 namespace detail {

@@ -5,7 +5,9 @@
 //   struct action_costs   forward, backward (B and W together), backward_input, backward_weight,
 //                         latency of one message
 //   struct simulation     per rank: the timeline (action, start, end), busy time, peak number of
-//                         micro-batches whose activations it holds; makespan and bubble fraction
+//                         micro-batches whose activations it holds; makespan, bubble fraction,
+//                         and the bubble within each rank's own span (span_bubble: what is left
+//                         when iterations overlap, ZB-H2's zero)
 //   simulate(schedule, costs)      runs the lists (validate() them first)
 //   chrome_trace(simulation)       JSON for chrome://tracing / Perfetto: one row per rank
 //   svg(simulation)                the familiar pipeline diagram
@@ -15,7 +17,11 @@
 // is when both sides complete it; a group (with_next) is posted at once and completes when its
 // last message does. The bubble fraction is the idle share of every rank's time up to the
 // makespan: 1 - sum(busy) / (ranks x makespan). With equal costs per micro-batch and no latency,
-// GPipe and 1F1B give the published (p - 1) / (m + p - 1) exactly (tests/pipeline).
+// the simulation gives the published bubbles exactly (tests/pipeline): GPipe and 1F1B
+// (p - 1) / (m + p - 1); interleaved 1F1B with costs F / v and B / v per chunk
+// (p - 1) / (v m + p - 1); ZB-H1 and ZB-H2 with F = B = W (p - 1) / (3m + p - 1) for m >= p,
+// and ZB-H2 a span_bubble of 0 for m >= 2p - 1. A peak counts micro-batches (for interleaved,
+// chunk-micro-batches) between a forward and its backward or backward_input.
 //
 //   const auto s = trident::pipeline::one_f_one_b(4, 8);
 //   const auto sim = trident::pipeline::simulate(s, {.forward = 1, .backward = 2});
@@ -62,6 +68,10 @@ struct simulation {
   std::vector<double> busy;                   // per rank: time in compute
   std::vector<int> peak_activations;          // per rank: most micro-batches held at once
   std::vector<std::vector<timed_action>> timeline;  // per rank, compute and messages
+  // Idle share within each rank's own span, its first compute's start to its last one's end:
+  // the bubble left when one iteration's tail overlaps the next one's head (no flush between
+  // them), which is what zero-bubble schedules remove (ZB-H2: 0 with equal costs).
+  double span_bubble = 0;
 };
 
 //! Runs every rank's list (see the header comment); a schedule that deadlocks is a usage_error
@@ -144,6 +154,17 @@ inline simulation simulate(const schedule& s, const action_costs& c = {}) {
   double busy = 0;
   for (double b : out.busy) busy += b;
   out.bubble = out.makespan > 0 ? 1.0 - busy / (static_cast<double>(n) * out.makespan) : 0.0;
+  double spans = 0;
+  for (const auto& row : out.timeline) {
+    double first = -1, last = 0;
+    for (const auto& t : row)
+      if (!detail::is_p2p(t.what.kind)) {
+        if (first < 0) first = t.start;
+        last = std::max(last, t.end);
+      }
+    if (first >= 0) spans += last - first;
+  }
+  out.span_bubble = spans > 0 ? 1.0 - busy / spans : 0.0;
   return out;
 }
 
