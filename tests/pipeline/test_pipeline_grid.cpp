@@ -17,3 +17,8 @@ TEST_CASE("3-D: (d, t, p) = (2, 2, 2) with ZeRO-1 and 1F1B = one rank (threads, 
 TEST_CASE("3-D: (d, t, p) = (2, 2, 2) with ZeRO-2 and GPipe = one rank (threads, 10 steps)") {
   local_world::run(8, [](local_comm& world) { grid_suite::equals_serial<2>(world, 2, 2, 4, 3, 10, pp::gpipe); });
 }
+
+TEST_CASE("3-D: (d, t, p) = (2, 2, 2) with ZeRO-3 (and plain data parallelism) and 1F1B = one rank (threads, 10 steps)") {
+  local_world::run(8, [](local_comm& world) { grid_suite::equals_serial<3>(world, 2, 2, 4, 4, 10, pp::one_f_one_b); });
+  local_world::run(8, [](local_comm& world) { grid_suite::equals_serial<0>(world, 2, 2, 4, 2, 10, pp::one_f_one_b); });
+}
