@@ -169,12 +169,14 @@ inline simulation simulate(const schedule& s, const action_costs& c = {}) {
 }
 
 namespace detail {
-inline const char* colour_of(action_kind k) noexcept {
+// Odd virtual chunks (interleaved schedules) in darker shades, so the two passes of a
+// micro-batch through a rank are told apart.
+inline const char* colour_of(action_kind k, bool odd_chunk = false) noexcept {
   switch (k) {
-    case action_kind::forward: return "#4e79a7";
-    case action_kind::backward: return "#59a14f";
-    case action_kind::backward_input: return "#8cd17d";
-    case action_kind::backward_weight: return "#f28e2b";
+    case action_kind::forward: return odd_chunk ? "#2b4a6f" : "#4e79a7";
+    case action_kind::backward: return odd_chunk ? "#2f6b2a" : "#59a14f";
+    case action_kind::backward_input: return odd_chunk ? "#4f9a42" : "#8cd17d";
+    case action_kind::backward_weight: return odd_chunk ? "#b35f0f" : "#f28e2b";
     default: return "#bab0ac";
   }
 }
@@ -221,10 +223,13 @@ inline std::string svg(const simulation& sim, double unit_px = 24.0, double row_
     for (const auto& t : sim.timeline[r]) {
       if (detail::is_p2p(t.what.kind) || t.end <= t.start) continue;
       const double x = left + t.start * unit_px, w = (t.end - t.start) * unit_px;
+      const bool odd_chunk = sim.ranks > 0 && (t.what.stage / sim.ranks) % 2 == 1;
+      // The label shrinks to fit short boxes (a chunk of an interleaved schedule).
+      const double font = std::min(11.0, 0.45 * w);
       out += trident::detail::concat("<rect x=\"", x, "\" y=\"", y, "\" width=\"", w, "\" height=\"", row_px - 4, "\" fill=\"",
-                                     detail::colour_of(t.what.kind), "\" stroke=\"white\"/><text x=\"", x + 3, "\" y=\"",
-                                     y + row_px * 0.6, "\" fill=\"white\">", detail::letter_of(t.what.kind), t.what.micro_batch,
-                                     "</text>\n");
+                                     detail::colour_of(t.what.kind, odd_chunk), "\" stroke=\"white\"/><text x=\"", x + 2, "\" y=\"",
+                                     y + row_px * 0.6, "\" font-size=\"", font, "\" fill=\"white\">", detail::letter_of(t.what.kind),
+                                     t.what.micro_batch, "</text>\n");
     }
   }
   out += "</svg>\n";
