@@ -301,6 +301,14 @@ inline std::vector<pp::schedule> schedules(int p, int m) {
   std::vector<pp::schedule> out{pp::gpipe(p, m), pp::one_f_one_b(p, m), split_backward(pp::one_f_one_b(p, m)),
                                 pp::zb_h1(p, m), pp::zb_h2(p, m)};
   if (m % p == 0 && 2 * p <= 8) out.push_back(pp::interleaved_one_f_one_b(p, m, 2));
+  // A user's own list: each rank's computes in an order of their choosing (here 1F1B's with
+  // the backward split), the sends and receives inserted by from_compute_order.
+  std::vector<std::vector<pp::action>> compute(static_cast<std::size_t>(p));
+  const auto order = split_backward(pp::one_f_one_b(p, m));
+  for (int r = 0; r < p; ++r)
+    for (const auto& a : order.actions[static_cast<std::size_t>(r)])
+      if (!pp::detail::is_p2p(a.kind)) compute[static_cast<std::size_t>(r)].push_back({a.kind, a.micro_batch, a.stage});
+  out.push_back(pp::from_compute_order("user-1f1b-split", p, p, m, compute));
   return out;
 }
 

@@ -17,7 +17,7 @@ using trident::local_comm;
 using trident::local_world;
 namespace pp = trident::pipeline;
 
-TEST_CASE("pipeline executor: GPipe, 1F1B, split-backward 1F1B, ZB-H1, ZB-H2 and interleaved 1F1B = gradient accumulation on one rank (threads, p = 1..4, "
+TEST_CASE("pipeline executor: GPipe, 1F1B, split-backward 1F1B, ZB-H1, ZB-H2, interleaved 1F1B and a user's list = gradient accumulation on one rank (threads, p = 1..4, "
           "m = 1..8)") {
   for (int p = 1; p <= 4; ++p) local_world::run(p, [](local_comm& comm) { pipeline_suite::all_schedules_equal_serial(comm); });
 }
