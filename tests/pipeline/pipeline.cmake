@@ -15,3 +15,15 @@ if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi AND TARG
                    Threads::Threads MPI_RANKS 2 LABELS pipeline nccl gpu mpi TIMEOUT 600)
   set_property(TEST pipeline.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
 endif()
+# Stage boundaries that do not chain, and types that are not stages, are compile-time errors.
+foreach(entry IN ITEMS "control|" "mismatched_boundary|K = 1; OutputOfK = std::vector<double>; InputOfNext = std::vector<float>.*the output_type of stage K must be the input_type of stage K . 1"
+                       "not_a_stage|constraints not satisfied")
+  string(REPLACE "|" ";" parts "${entry}")
+  list(GET parts 0 case)
+  list(GET parts 1 expect)
+  add_test(NAME pipeline.compile_fail.${case}
+           COMMAND ${CMAKE_COMMAND} "-DCXX=${CMAKE_CXX_COMPILER}" "-DSOURCE=${CMAKE_CURRENT_SOURCE_DIR}/pipeline/compile_fail.cpp"
+                   "-DINCLUDE=${PROJECT_SOURCE_DIR}/include" "-DCASE=${case}" "-DEXPECT=${expect}"
+                   -P "${CMAKE_CURRENT_SOURCE_DIR}/comm/expect_compile_error.cmake")
+  set_tests_properties(pipeline.compile_fail.${case} PROPERTIES LABELS "pipeline")
+endforeach()
