@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/random.hpp"
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/memory_ledger.hpp"
@@ -30,17 +31,7 @@ namespace pp = trident::pipeline;
 
 //! n values in [-scale, scale) from a seed (splitmix64): the same on every rank.
 inline std::vector<float> random(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
-  std::vector<float> v(n);
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-  for (auto& x : v) {
-    s += 0x9E3779B97F4A7C15ull;
-    std::uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    x = scale * (static_cast<float>(z >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
-  }
-  return v;
+  return test_support::splitmix_vector(n, seed, scale);
 }
 
 //! Layers [first, last) of a stack of y = tanh(x W^T + b), `width` features, `rows` rows per
