@@ -2,7 +2,8 @@
 // Pipeline, tensor and data parallelism together (3-D): transformer blocks split into pipeline
 // stages, each block tensor-parallel over the grid's tensor axis, each stage's parameters held
 // by a zero_optimizer over the data axis, against the same blocks trained on one rank with
-// gradient accumulation over every data-parallel rank's micro-batches.
+// gradient accumulation over every data-parallel rank's micro-batches, with global-norm clipping
+// active on every step (the norm spans all stages).
 #include <doctest/doctest.h>
 
 #include <array>
@@ -29,11 +30,14 @@ namespace zero = trident::zero;
 namespace pp = trident::pipeline;
 
 inline constexpr tensor::block_config config{.seq = 4, .batch = 2, .hidden = 8, .heads = 2, .ffn = 16};
+inline constexpr float clip = 0.05f;  // below every step's norm: clipping is active throughout
 
 //! Blocks [first, last) of a GPT-2-style stack as one pipeline stage: tensor-parallel over `tp`,
-//! parameters in a zero_optimizer<Stage> over `dp` (the tensor axis as its model-parallel
-//! group). forward/backward run every block of the stage for one micro-batch; the gradients
-//! of the last of `micro_batches` are reduced over the data axis as the backward goes.
+//! parameters in a zero_optimizer<Stage> over `dp` whose model-parallel group is `model` (the
+//! grid's tensor x pipeline ranks, so that the clipped global norm spans every stage; each
+//! replica counted on tensor rank 0 only). forward/backward run every block of the stage for
+//! one micro-batch; the gradients of the last of `micro_batches` are reduced over the data axis
+//! as the backward goes.
 template <auto Stage, class Comm>
 class block_stage {
  public:
@@ -41,7 +45,7 @@ class block_stage {
   using output_type = std::vector<float>;
   using zero_type = zero::zero_optimizer<Stage, trident::optim::sgd, Comm>;
 
-  block_stage(Comm& dp, Comm& tp, int first, int last, int micro_batches) : tp_(&tp), micro_batches_(micro_batches) {
+  block_stage(Comm& dp, Comm& tp, Comm& model, int first, int last, int micro_batches) : tp_(&tp), micro_batches_(micro_batches) {
     for (int l = first; l < last; ++l) blocks_.emplace_back(tp, config, "h" + std::to_string(l));
     trident::model_spec spec;
     for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].add_parameters(spec, static_cast<int>(i));
@@ -51,7 +55,9 @@ class block_stage {
     zero::zero_options options;
     options.bucket_bytes = options.first_bucket_bytes = 64 * sizeof(float);  // several buckets per block
     options.persistence_threshold = 0;
-    z_ = std::make_unique<zero_type>(dp, tp, spec, sgd, options);
+    options.max_grad_norm = clip;
+    options.count_replicas = tp.rank() == 0;
+    z_ = std::make_unique<zero_type>(dp, model, spec, sgd, options);
     // Each parameter generated whole from its block's index, whatever the split; each rank sets its part.
     for (int l = first; l < last; ++l) {
       std::uint64_t seed = 1000 + 100 * static_cast<std::uint64_t>(l);
@@ -94,9 +100,12 @@ class block_stage {
     return g;
   }
 
-  void step() {
-    REQUIRE(z_->step().applied);
+  //! The step's global gradient norm (before clipping).
+  double step() {
+    const auto result = z_->step();
+    REQUIRE(result.applied);
     backwards_ = 0;
+    return result.grad_norm;
   }
   //! This rank's parts of the stage's parameters, in the blocks' parameters() order.
   std::vector<std::vector<float>> parameters() const {
@@ -164,7 +173,8 @@ void equals_serial(Comm& world, int tensor_size, int pipeline_size, int blocks, 
 
   // Serial: every block on this rank alone, gradient accumulation over the d x m micro-batches.
   auto alone = world.split(world.rank(), 0);
-  block_stage<0, Comm> serial(alone, alone, 0, blocks, d * m);
+  block_stage<0, Comm> serial(alone, alone, alone, 0, blocks, d * m);
+  std::vector<double> serial_norms;
   for (int step = 0; step < steps; ++step) {
     for (int g = 0; g < d * m; ++g) {
       auto y = serial.forward(input_of(step, g, n), g);
@@ -172,7 +182,7 @@ void equals_serial(Comm& world, int tensor_size, int pipeline_size, int blocks, 
       mse(y, target_of(step, g, n), 1.0f / static_cast<float>(d), dy);
       serial.backward(dy, g);
     }
-    serial.step();
+    serial_norms.push_back(serial.step());
   }
   const auto want_all = serial.parameters();
 
@@ -182,14 +192,22 @@ void equals_serial(Comm& world, int tensor_size, int pipeline_size, int blocks, 
   REQUIRE(p == 2);  // the pipeline type below has two stages
   pp::uniform_pipeline<block_stage<Stage, Comm>, 2> pipe(pipe_comm, [&](auto k) {
     const int first = static_cast<int>(k) * per_stage;
-    return block_stage<Stage, Comm>(dp, tp, first, first + per_stage, m);
+    return block_stage<Stage, Comm>(dp, tp, grid.model(), first, first + per_stage, m);
   });
+  std::vector<double> norms;
   for (int step = 0; step < steps; ++step) {
     pipe.run(
         pipe_comm, s, [&](int mb) { return input_of(step, data_rank * m + mb, n); },
         [&](const std::vector<float>& y, int mb, std::vector<float>& dy) { return mse(y, target_of(step, data_rank * m + mb, n), 1.0f, dy); });
     for (int k = 0; k < p; ++k)
-      if (pipe.owns(k)) pipe.visit(k, [](auto& st) { st.step(); });
+      if (pipe.owns(k)) pipe.visit(k, [&](auto& st) { norms.push_back(st.step()); });
+  }
+  // The global norm counts every parameter of every stage once: the serial run's, each step,
+  // and clipping was active on every step.
+  REQUIRE(norms.size() == serial_norms.size());
+  for (std::size_t i = 0; i < norms.size(); ++i) {
+    CHECK(serial_norms[i] > clip);
+    CHECK(norms[i] == doctest::Approx(serial_norms[i]).epsilon(1e-5));
   }
   for (int k = 0; k < p; ++k) {
     if (!pipe.owns(k)) continue;

@@ -3,6 +3,8 @@
 find_package(Threads REQUIRED)
 trident_add_test(pipeline.schedule SOURCES pipeline/test_schedule.cpp pipeline/test_simulator.cpp pipeline/test_partition.cpp LABELS pipeline)
 trident_add_test(pipeline.local SOURCES pipeline/test_pipeline_local.cpp LIBRARIES Threads::Threads LABELS pipeline local)
+# It measures bubbles with sleeping stages: alone, so that other tests do not delay its threads.
+set_tests_properties(pipeline.local PROPERTIES RUN_SERIAL TRUE)
 if(TARGET trident::mpi)
   trident_add_test(pipeline.mpi SOURCES pipeline/test_pipeline_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4
                    LABELS pipeline mpi)

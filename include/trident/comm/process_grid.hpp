@@ -4,8 +4,9 @@
 //
 //   enum class grid_axis              tensor, data, pipeline
 //   struct grid_order                 which axis varies fastest over consecutive ranks
-//   template <communicator C>         process_grid: the sizes, this rank's coordinates, and
-//                                     one communicator per axis (made with split)
+//   template <communicator C>         process_grid: the sizes, this rank's coordinates, one
+//                                     communicator per axis and one for the model group
+//                                     (tensor x pipeline), made with split
 //
 // With Megatron's default order (tensor fastest, then data, then pipeline) world rank
 //   r = t + T * (d + D * p)
@@ -87,6 +88,11 @@ class process_grid {
       c[axis_index(a)] = 0;
       comms_[axis_index(a)].emplace(world.split(rank_of(c), coords_[axis_index(a)]));
     }
+    // The model group: every rank at this data coordinate (the tensor and pipeline axes
+    // together), ordered by world rank; what a global gradient norm sums over.
+    std::array<int, 3> m{};
+    m[axis_index(grid_axis::data)] = coords_[axis_index(grid_axis::data)];
+    model_.emplace(world.split(rank_of(m), rank_));
   }
 
   int size(grid_axis a) const noexcept { return sizes_[axis_index(a)]; }
@@ -101,6 +107,10 @@ class process_grid {
   C& data() noexcept { return comm(grid_axis::data); }
   C& pipeline() noexcept { return comm(grid_axis::pipeline); }
   C& world() noexcept { return *world_; }
+  //! The ranks at this rank's data coordinate: tensor x pipeline ranks holding, between them,
+  //! one whole copy of the model (the model-parallel group of a clipped zero_optimizer under
+  //! pipeline parallelism).
+  C& model() noexcept { return *model_; }
 
   //! The world rank at coordinates {tensor, data, pipeline}.
   int rank_of(const std::array<int, 3>& coordinates) const {
@@ -160,6 +170,7 @@ class process_grid {
   std::array<int, 3> sizes_{};   // indexed by grid_axis
   std::array<int, 3> coords_{};  // indexed by grid_axis
   std::array<std::optional<C>, 3> comms_;
+  std::optional<C> model_;
 };
 
 }  // namespace trident

@@ -102,7 +102,10 @@
 // norm counts each shard on every rank and each replica (model_copy::replica) once, and the
 // overflow decision is the grid's (one all-reduce of three doubles over that group per step).
 // Two tensor-parallel blocks trained this way on a (t = 2, d = 2) grid equal one rank's
-// training (tests/tensor, ZeRO-1 and ZeRO-3, clipping on).
+// training (tests/tensor, ZeRO-1 and ZeRO-3, clipping on). Under pipeline parallelism the
+// model-parallel group is process_grid::model() (tensor x pipeline ranks) and each stage's
+// replicas count on its tensor rank 0 (zero_options::count_replicas): tests/pipeline trains
+// a (d, t, p) = (2, 2, 2) grid so, clipped, to one rank's parameters and norms.
 //
 // Equivalence: the result equals single-rank training on the global batch (gradients are
 // averaged over ranks), and on the thread backend stages 0-3 agree bit for bit, because every
@@ -198,6 +201,12 @@ struct zero_options {
   float max_grad_norm = 0.0f;                             // global-norm clipping; 0 = off (+inf: never clips)
   std::size_t persistence_threshold = 100'000;            // stage 3: buckets with fewer elements stay gathered
   bool prefetch = true;                                   // stage 3: gather the next bucket in the background
+  //! With a model-parallel group: whether this rank's replicas (model_copy::replica) count in
+  //! the global norm. Unset: model-parallel rank 0's do, right when the group is the tensor
+  //! axis. With tensor and pipeline stages in the group (process_grid::model()), each stage's
+  //! replicas count once: set it to grid.coordinate(grid_axis::tensor) == 0 (Megatron-LM's
+  //! "not a tensor-parallel duplicate").
+  std::optional<bool> count_replicas;
 #ifdef NDEBUG
   bool check_usage = false;  // checked mode (see the top of this header): memory and time for diagnostics
 #else
@@ -871,11 +880,13 @@ class zero_optimizer {
     std::size_t length;
   };
 
-  // The whole piece of every bucket, except, on model-parallel ranks other than 0, the
-  // replicas (the same gradients as rank 0's, which counts them): one range per bucket without
+  // The whole piece of every bucket, except, on model-parallel ranks other than 0 (or where
+  // options.count_replicas says), the replicas (the same gradients as another rank's, which
+  // counts them): one range per bucket without
   // model parallelism, so the sums are bitwise those of a plain data-parallel run.
   std::vector<stat_range> counted_ranges(const model_spec& spec) const {
-    const bool skip_replicas = model_parallel_ != nullptr && model_parallel_->rank() != 0;
+    const bool skip_replicas =
+        model_parallel_ != nullptr && !options_.count_replicas.value_or(model_parallel_->rank() == 0);
     std::vector<stat_range> ranges;
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const std::size_t begin = layout_.piece_begin(b, rank_), piece = layout_.piece_size(b);
