@@ -53,6 +53,8 @@
 #include "trident/nn/loss.hpp"
 #include "trident/nn/norm.hpp"
 
+#include "trident/data/token_shards.hpp"
+
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/pipeline/partition.hpp"
 #include "trident/parallel/pipeline/pipeline.hpp"
