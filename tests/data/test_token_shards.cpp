@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -155,4 +156,28 @@ TEST_CASE("token shards: bad files and arguments are usage errors naming the fil
   expect_error("expected both at least 1", [&] { data::shard_loader({s / "good.bin"}, 0, 1, 0, 1); });
   const std::vector<std::uint32_t> wide{70000};
   expect_error("does not fit the GPT-2 format's uint16", [&] { data::write_shard(s / "wide.bin", wide, data::token_format::gpt2); });
+}
+
+TEST_CASE("token shards: scripts/prepare_data.py writes shards that read back as the text's bytes (byte-level tokens)") {
+  scratch s("prepare");
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "In the beginning was the shard, line " + std::to_string(i) + ".\n";
+  std::ofstream(s / "tiny.txt", std::ios::binary) << text;
+  const std::string command = std::string("python3 '") + TRIDENT_SOURCE_DIR + "/scripts/prepare_data.py' --text '" + (s / "tiny.txt") +
+                              "' --out '" + s.dir.string() + "' --val-fraction 0.1 > /dev/null";
+  REQUIRE(std::system(command.c_str()) == 0);
+  const auto train = data::inspect_shard(s / "tiny_train.bin"), val = data::inspect_shard(s / "tiny_val.bin");
+  CHECK(train.format == data::token_format::gpt2);
+  CHECK(train.tokens + val.tokens == text.size());
+  CHECK(val.tokens == text.size() / 10);
+  // One rank, one row as long as the whole training shard (minus the last target).
+  data::shard_loader loader({s / "tiny_train.bin"}, 1, train.tokens - 1, 0, 1);
+  const auto batch = loader.next();
+  for (std::size_t i = 0; i < batch.inputs.size(); ++i) {
+    CHECK(batch.inputs[i] == static_cast<unsigned char>(text[i]));
+    CHECK(batch.targets[i] == static_cast<unsigned char>(text[i + 1]));
+  }
+  // Bad arguments are named.
+  CHECK(std::system(("python3 '" + std::string(TRIDENT_SOURCE_DIR) + "/scripts/prepare_data.py' --text '" + (s / "missing.txt") +
+                     "' --out '" + s.dir.string() + "' 2> /dev/null").c_str()) != 0);
 }
