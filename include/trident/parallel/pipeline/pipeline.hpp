@@ -292,6 +292,7 @@ class pipeline {
  private:
   template <class S>
   struct slot_of {
+    using stage_t = S;
     std::optional<S> stage;
     std::map<int, typename S::input_type> inputs;         // received activations (or handed over here)
     std::map<int, typename S::output_type> outputs;       // to send
@@ -308,14 +309,17 @@ class pipeline {
         ...);
   }
 
+  // f(std::integral_constant<std::size_t, K>{}) for the compile-time K equal to run-time k.
+  template <class F>
+  void with_index(int k, F&& f) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (void)((static_cast<int>(K) == k ? (f(std::integral_constant<std::size_t, K>{}), true) : false) || ...);
+    }(std::make_index_sequence<sizeof...(Stages)>{});
+  }
   // f(slot) with the slot of run-time stage k.
   template <class F>
   void dispatch(int k, F&& f) {
-    dispatch_impl(k, f, std::make_index_sequence<sizeof...(Stages)>{});
-  }
-  template <class F, std::size_t... K>
-  void dispatch_impl(int k, F& f, std::index_sequence<K...>) {
-    ((static_cast<int>(K) == k ? (f(std::get<K>(slots_)), true) : false) || ...);
+    with_index(k, [&](auto K) { f(std::get<K>(slots_)); });
   }
 
   // Every rank has the same list of stages: compared as a fingerprint, by max and min over the ranks.
@@ -422,11 +426,7 @@ class pipeline {
 
   template <class Input, class Loss>
   void forward(int k, int mb, Input& input, Loss& loss, run_result& out) {
-    forward_at(k, mb, input, loss, out, std::make_index_sequence<sizeof...(Stages)>{});
-  }
-  template <class Input, class Loss, std::size_t... K>
-  void forward_at(int k, int mb, Input& input, Loss& loss, run_result& out, std::index_sequence<K...>) {
-    (void)((static_cast<int>(K) == k ? (forward_of<K>(mb, input, loss, out), true) : false) || ...);
+    with_index(k, [&](auto K) { forward_of<K>(mb, input, loss, out); });
   }
   template <std::size_t K, class Input, class Loss>
   void forward_of(int mb, Input& input, Loss& loss, run_result& out) {
@@ -455,10 +455,8 @@ class pipeline {
     }
   }
 
-  void backward(int k, int mb, bool input_only) { backward_at(k, mb, input_only, std::make_index_sequence<sizeof...(Stages)>{}); }
-  template <std::size_t... K>
-  void backward_at(int k, int mb, bool input_only, std::index_sequence<K...>) {
-    (void)((static_cast<int>(K) == k ? (backward_of<K>(mb, input_only), true) : false) || ...);
+  void backward(int k, int mb, bool input_only) {
+    with_index(k, [&](auto K) { backward_of<K>(mb, input_only); });
   }
   template <std::size_t K>
   void backward_of(int mb, bool input_only) {
@@ -478,14 +476,9 @@ class pipeline {
     }
   }
 
-  template <class S>
-  struct slot_t : slot_of<S> {
-    using stage_t = S;
-  };
-
   int rank_, ranks_;
   std::uint64_t admitted_ = 0;
-  std::tuple<slot_t<Stages>...> slots_;
+  std::tuple<slot_of<Stages>...> slots_;
 };
 
 namespace detail {
