@@ -2,6 +2,9 @@
 // bucket that did not cover it corrupted the heap), bucket sizes, and tensor handles.
 #include <doctest/doctest.h>
 
+#include <array>
+#include <utility>
+
 #include "trident/model/flat_layout.hpp"
 
 TEST_CASE("flat_layout: layers without tensors fall in the bucket of the next layer that has some") {
@@ -30,6 +33,28 @@ TEST_CASE("flat_layout: layers without tensors fall in the bucket of the next la
   CHECK(expect_first == late.layers());
   CHECK(b.bucket_of_layer(5) == b.bucket_of_layer(7));  // layers 5 and 6 join layer 7
   CHECK_THROWS_WITH_AS((void)b.bucket_of_layer(8), doctest::Contains("(8): not a layer of the model; expected 0..7"), trident::usage_error);
+}
+
+TEST_CASE("flat_layout: a bucket boundary keeps the layers on either side in different buckets") {
+  trident::model_spec spec;  // everything fits one bucket of 1000 without the boundaries
+  spec.add("emb", {8}, 0).add("h0", {8}, 1).add("h1", {8}, 2).add("h2", {8}, 3).add("head", {8}, 5);
+  const trident::flat_layout together(spec, 2, 1000, 1000);
+  CHECK(together.buckets().size() == 1);
+  spec.bucket_boundary(1).bucket_boundary(3).bucket_boundary(5);
+  CHECK(spec.boundary_before(3));
+  CHECK_FALSE(spec.boundary_before(2));
+  const trident::flat_layout apart(spec, 2, 1000, 1000);
+  REQUIRE(apart.buckets().size() == 4);
+  // Layer 4 has no tensors: it joins the next layer that has some, as without boundaries.
+  const std::array<std::pair<int, int>, 4> want{{{0, 0}, {1, 2}, {3, 3}, {4, 5}}};
+  for (std::size_t k = 0; k < 4; ++k) {
+    CHECK(apart.buckets()[k].first_layer == want[k].first);
+    CHECK(apart.buckets()[k].last_layer == want[k].second);
+  }
+  trident::model_spec empty_side;  // a boundary with only empty layers beyond it changes nothing
+  empty_side.add("a", {8}, 0).add("b", {8}, 1).bucket_boundary(2);
+  CHECK(trident::flat_layout(empty_side, 1, 1000, 1000).buckets().size() == 1);
+  CHECK_THROWS_WITH_AS(spec.bucket_boundary(0), doctest::Contains("the layer must be >= 1"), trident::usage_error);
 }
 
 TEST_CASE("flat_layout: bucket sizes and the granule must be at least one element") {

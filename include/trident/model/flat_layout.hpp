@@ -49,6 +49,7 @@ enum class model_copy { shard, replica };
 //!   trident::model_spec spec;
 //!   spec.add("fc1.weight", {256, 784}, 0).add("fc1.bias", {256}, 0).add("fc2.weight", {10, 256}, 1);
 //!   spec.add("ln.weight", {768}, 2, trident::model_copy::replica);
+//!   spec.bucket_boundary(2);   // no bucket holds tensors of layers both below and from layer 2
 class model_spec {
  public:
   struct tensor {
@@ -79,8 +80,26 @@ class model_spec {
   }
   int layers() const noexcept { return tensors_.empty() ? 0 : tensors_.back().layer + 1; }
 
+  //! No bucket holds tensors of layers on both sides of the boundary before `layer` (between
+  //! layer - 1 and layer). For parts of a model whose gradients are complete at different times
+  //! and are marked ready separately: a pipeline rank's virtual stages, or a tied embedding whose
+  //! gradient is reduced once per step, after every micro-batch, while the layers beside it are
+  //! reduced per micro-batch.
+  model_spec& bucket_boundary(int layer) {
+    TRIDENT_EXPECT(layer >= 1, "model_spec::bucket_boundary(", layer, "): a boundary lies between two layers, so the layer must be >= 1");
+    boundaries_.push_back(layer);
+    return *this;
+  }
+  //! Whether a boundary lies between layer - 1 and layer.
+  bool boundary_before(int layer) const noexcept {
+    for (const int b : boundaries_)
+      if (b == layer) return true;
+    return false;
+  }
+
  private:
   std::vector<tensor> tensors_;
+  std::vector<int> boundaries_;
 };
 
 //! A tensor of one flat_layout, resolved from its name once, so that hot paths (a
@@ -143,16 +162,21 @@ class flat_layout {
     // has some): no bucket is empty, and every layer falls in exactly one bucket. (Dropping empty
     // buckets instead left their layers pointing at a bucket that did not cover them.)
     std::vector<std::pair<int, int>> groups;  // [first, last] layer, in backward order
+    // A boundary (model_spec::bucket_boundary) between the layers gathered so far and the next
+    // layer with tensors closes the bucket as a full one does.
     int last = layers - 1;
     std::size_t cap = first_bucket_elements, filled = 0;
+    bool crossed = false;
     for (int l = layers - 1; l >= 0; --l) {
+      if (spec.boundary_before(l + 1)) crossed = true;
       const std::size_t s = layer_size[static_cast<std::size_t>(l)];
-      if (filled > 0 && s > 0 && filled + s > cap) {
+      if (filled > 0 && s > 0 && (crossed || filled + s > cap)) {
         groups.push_back({l + 1, last});
         last = l;
         filled = 0;
         cap = bucket_elements;
       }
+      if (s > 0) crossed = false;
       filled += s;
     }
     groups.push_back({0, last});
