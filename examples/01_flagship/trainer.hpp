@@ -1,0 +1,245 @@
+#pragma once
+// flagship::train: the training loop of the GPT model (gpt.hpp) on a (data, tensor, pipeline)
+// process grid, ZeRO 0-3 on the data axis, AdamW with a learning-rate schedule, gradient
+// accumulation, global-norm clipping, and a validation loss every k steps.
+//
+// Run-time choices (the ZeRO stage, the number of pipeline stages) dispatch to compiled
+// instantiations: zero_optimizer<0..3> inside gpt_rank, and uniform_pipeline<gpt_stage, N> for
+// N in compiled_stage_counts (gpt_stage is the same type for every ZeRO stage).
+//
+// Data: each data-parallel rank reads its slice of every global batch (data::shard_loader, llm.c's
+// order), `accumulation` of them per step; all ranks of one data coordinate read the same slice
+// (the first stage needs the tokens, the last the targets). The loss of a step is the mean over
+// every token of the d x accumulation x micro_batch rows, as one rank training on the whole
+// batch computes it, so a grid reproduces the serial run (tests/gpt).
+//
+//   flagship::train_options o;  o.model = {...};  o.tensor = 2;  o.pipeline = 2;  o.zero_stage = 1;
+//   trident::local_world::run(8, [&](trident::local_comm& world) {
+//     auto reports = flagship::train(world, o, [](const flagship::step_report& r) { ... });
+//   });
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpt.hpp"
+#include "trident/comm/communicator.hpp"
+#include "trident/comm/process_grid.hpp"
+#include "trident/core/error.hpp"
+#include "trident/data/token_shards.hpp"
+#include "trident/optim/optimizers.hpp"
+#include "trident/optim/schedule.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
+#include "trident/parallel/pipeline/pipeline.hpp"
+#include "trident/parallel/pipeline/schedule.hpp"
+
+namespace flagship {
+
+//! A learning-rate schedule chosen at run time (optim::lr_schedule): what a config file names.
+struct lr_function {
+  std::function<double(std::int64_t)> f;
+  double operator()(std::int64_t step) const { return f(step); }
+};
+using optimizer_type = trident::optim::scheduled<trident::optim::adamw, lr_function>;
+
+//! The pipeline stage counts (p x virtual stages) compiled in.
+inline constexpr std::array<int, 6> compiled_stage_counts{1, 2, 3, 4, 6, 8};
+//! The schedules by name.
+inline constexpr std::array<const char*, 5> schedule_names{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"};
+
+struct train_options {
+  gpt_config model;
+  int tensor = 1, pipeline = 1, virtual_stages = 1;
+  std::string schedule = "1f1b";
+  int zero_stage = 0;
+  std::size_t micro_batch = 4;  // rows of seq tokens per micro-batch (train_micro_batch_size_per_gpu)
+  int accumulation = 1;         // micro-batches per step and data-parallel rank
+  long steps = 20;
+  float max_grad_norm = 1.0f;   // 0: no clipping
+  trident::optim::adamw::options adamw{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  std::function<double(std::int64_t)> lr;  // the lr of optimizer step k (1-based); empty: adamw.lr throughout
+  std::size_t bucket_elements = 5'000'000, first_bucket_elements = 1'000'000;
+  std::size_t persistence_threshold = 100'000;  // stage 3: buckets smaller than this stay gathered
+  std::vector<std::string> train_files, val_files;
+  long eval_every = 0;  // 0: no validation
+  int eval_batches = 4;
+  std::uint64_t seed = 1234;
+};
+
+struct step_report {
+  long step = 0;                 // 1-based
+  double loss = 0;               // mean over the step's tokens
+  double lr = 0;
+  double grad_norm = 0;          // before clipping
+  bool applied = true;
+  double seconds = 0;            // wall time of the step (data, forward, backward, step)
+  double tokens = 0;             // tokens of the step, every rank's
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  // when validated after this step
+};
+
+namespace detail {
+
+// Stage counts as compile-time constants.
+template <class F>
+void with_stage_count(int n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<std::size_t, 1>{}); return;
+    case 2: f(std::integral_constant<std::size_t, 2>{}); return;
+    case 3: f(std::integral_constant<std::size_t, 3>{}); return;
+    case 4: f(std::integral_constant<std::size_t, 4>{}); return;
+    case 6: f(std::integral_constant<std::size_t, 6>{}); return;
+    case 8: f(std::integral_constant<std::size_t, 8>{}); return;
+    default: break;
+  }
+  throw trident::usage_error(trident::detail::concat("train: ", n, " pipeline stages (pipeline x virtual_stages) are not compiled "
+                                                     "in; expected one of 1, 2, 3, 4, 6, 8"));
+}
+
+template <class F>
+void with_zero_stage(int stage, F&& f) {
+  switch (stage) {
+    case 0: f(std::integral_constant<int, 0>{}); return;
+    case 1: f(std::integral_constant<int, 1>{}); return;
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    case 3: f(std::integral_constant<int, 3>{}); return;
+    default: break;
+  }
+  throw trident::usage_error(trident::detail::concat("train: ZeRO stage ", stage, "; expected 0, 1, 2 or 3"));
+}
+
+inline trident::pipeline::schedule make_schedule(const std::string& name, int p, int m, int v) {
+  namespace pp = trident::pipeline;
+  const bool known = name == "gpipe" || name == "1f1b" || name == "interleaved" || name == "zb-h1" || name == "zb-h2";
+  TRIDENT_EXPECT(known, "train: unknown pipeline schedule '", name, "'; expected one of gpipe, 1f1b, interleaved, zb-h1, zb-h2");
+  TRIDENT_EXPECT(v == 1 || name == "interleaved", "train: ", v, " virtual stages per rank need the 'interleaved' schedule, not '",
+                 name, "'");
+  TRIDENT_EXPECT(name != "zb-h1" && name != "zb-h2", "train: the GPT's stages do not split their backward into input and weight "
+                 "gradients yet, which the zero-bubble schedule '", name, "' needs; expected gpipe, 1f1b or interleaved");
+  if (name == "gpipe") return pp::gpipe(p, m);
+  if (name == "1f1b") return pp::one_f_one_b(p, m);
+  return pp::interleaved_one_f_one_b(p, m, v);
+}
+
+// The value that the rank of the last stage holds, averaged over the data axis and given to
+// every rank (one float each way).
+template <class Comm>
+double share_from_last_stage(trident::process_grid<Comm>& grid, double value, bool holder) {
+  std::vector<double> v{holder ? value : 0.0};
+  grid.data().all_reduce(v, trident::reduce_op::avg);
+  grid.pipeline().broadcast(v, grid.pipeline().size() - 1);
+  return v[0];
+}
+
+template <int Stage, std::size_t N, class Comm>
+std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
+                             const std::function<void(const step_report&)>& on_step) {
+  (void)world;
+  namespace pp = trident::pipeline;
+  const int p = grid.pipeline().size(), d = grid.data().size(), m = o.accumulation;
+  optimizer_type opt;
+  opt.opt = o.adamw;
+  const double base_lr = o.adamw.lr;
+  opt.schedule.f = o.lr ? o.lr : std::function<double(std::int64_t)>([base_lr](std::int64_t) { return base_lr; });
+  trident::zero::zero_options zo;
+  zo.bucket_bytes = o.bucket_elements * sizeof(float);
+  zo.first_bucket_bytes = o.first_bucket_elements * sizeof(float);
+  zo.persistence_threshold = o.persistence_threshold;
+  zo.max_grad_norm = o.max_grad_norm;
+  gpt_rank<Stage, Comm, optimizer_type> rank(grid, o.model, static_cast<int>(N), m, o.micro_batch, opt, zo, o.seed);
+  pp::uniform_pipeline<gpt_stage, N> pipe(grid.pipeline(), [&](auto k) { return gpt_stage(rank, static_cast<int>(k)); });
+  const auto schedule = make_schedule(o.schedule, p, m, static_cast<int>(N) / p);
+
+  trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, grid.data().rank(), d);
+  std::optional<trident::data::shard_loader> val;
+  if (o.eval_every > 0) {
+    TRIDENT_EXPECT(!o.val_files.empty(), "train: a validation loss every ", o.eval_every, " steps needs validation shards");
+    val.emplace(o.val_files, o.micro_batch, o.model.seq, grid.data().rank(), d);
+  }
+  trident::data::token_batch scratch;
+  step_batches batches;
+  const std::vector<float> unused(1, 0.0f);
+  const bool last = grid.pipeline().rank() == p - 1;
+  const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
+
+  std::vector<step_report> reports;
+  for (long s = 1; s <= o.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    batches = {};
+    for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
+    rank.set_batches(&batches);
+    const auto r = pipe.run(grid.pipeline(), schedule, [&](int) -> const std::vector<float>& { return unused; },
+                            [&](const std::vector<float>& y, int, std::vector<float>& dy) {
+                              dy[0] = 1.0f / static_cast<float>(m);
+                              return static_cast<double>(y[0]);
+                            });
+    rank.finish_backward();
+    const auto result = rank.step();
+    double sum = 0;
+    for (double l : r.losses) sum += l;
+    step_report rep;
+    rep.step = s;
+    rep.loss = share_from_last_stage(grid, last ? sum / m : 0.0, last);
+    rep.lr = opt.schedule(s);
+    rep.grad_norm = result.grad_norm;
+    rep.applied = result.applied;
+    rep.tokens = tokens;
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (val && s % o.eval_every == 0) {
+      val->reset();
+      double vsum = 0;
+      for (int i = 0; i < o.eval_batches; ++i) {
+        step_batches one;
+        append_batch(*val, scratch, one);
+        rank.set_batches(&one);
+        // Forward only, stage after stage: each rank runs its chunks in order and passes the
+        // activations on (blocking: the data flows one way, so nothing waits in a cycle).
+        std::vector<float> x = unused;
+        for (int k = 0; k < static_cast<int>(N); ++k) {
+          if (k % p != grid.pipeline().rank()) continue;
+          if (k > 0 && (k - 1) % p != k % p) {
+            x.assign(rank.input_numel(k), 0.0f);
+            grid.pipeline().recv(std::span<float>(x), (k - 1) % p);
+          }
+          x = rank.evaluate(k, x, 0);
+          if (k + 1 < static_cast<int>(N) && (k + 1) % p != k % p) grid.pipeline().send(std::span<const float>(x), (k + 1) % p);
+        }
+        if (last) vsum += x[0];
+      }
+      rep.val_loss = share_from_last_stage(grid, last ? vsum / o.eval_batches : 0.0, last);
+    }
+    if (on_step) on_step(rep);
+    reports.push_back(rep);
+  }
+  return reports;
+}
+
+}  // namespace detail
+
+//! Trains the model on `world` (collective: every rank calls it with the same options) and
+//! returns every step's report (the same on every rank). on_step sees each report as it comes.
+template <trident::communicator Comm>
+std::vector<step_report> train(Comm& world, const train_options& o, const std::function<void(const step_report&)>& on_step = {}) {
+  TRIDENT_EXPECT(o.tensor >= 1 && o.pipeline >= 1 && o.virtual_stages >= 1, "train: tensor ", o.tensor, ", pipeline ", o.pipeline,
+                 ", virtual_stages ", o.virtual_stages, "; expected all at least 1");
+  TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train: a world of ", world.size(), " ranks is not d x t x p for t = ",
+                 o.tensor, " and p = ", o.pipeline, "; expected a multiple of ", o.tensor * o.pipeline);
+  TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train: accumulation ", o.accumulation, ", steps ", o.steps,
+                 "; expected at least 1 micro-batch per step and no negative step count");
+  (void)detail::make_schedule(o.schedule, o.pipeline, o.accumulation, o.virtual_stages);  // a bad name fails before any collective
+  trident::process_grid grid(world, o.tensor, o.pipeline);
+  std::vector<step_report> out;
+  detail::with_zero_stage(o.zero_stage, [&](auto stage) {
+    detail::with_stage_count(o.pipeline * o.virtual_stages, [&](auto n) {
+      out = detail::run<decltype(stage)::value, decltype(n)::value>(world, grid, o, on_step);
+    });
+  });
+  return out;
+}
+
+}  // namespace flagship
