@@ -13,3 +13,6 @@ if(TRIDENT_TSAN_TESTS AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   target_link_options(test_exec_thread_pool_tsan PRIVATE -fsanitize=thread)
   set_tests_properties(exec.thread_pool_tsan PROPERTIES ENVIRONMENT "TSAN_OPTIONS=halt_on_error=1")
 endif()
+# Timelines (Chrome trace): recorders, spans and the JSON; the library's own spans are checked
+# on a training step in tests/gpt.
+trident_add_test(exec.trace SOURCES exec/test_trace.cpp LIBRARIES Threads::Threads LABELS exec)

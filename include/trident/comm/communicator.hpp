@@ -53,6 +53,7 @@
 #include "trident/core/error.hpp"
 #include "trident/core/memory_space.hpp"
 #include "trident/core/space_span.hpp"
+#include "trident/exec/trace.hpp"
 
 namespace trident {
 
@@ -409,10 +410,12 @@ class collectives {
 
   // Tells the backend that a call failed on this rank, if it wants to know (MPI: the peers may
   // be waiting for this rank inside the collective it abandoned; see mpi_environment).
+  // And records the call as a "comm" span when the calling thread traces (exec/trace.hpp).
   struct failure_watch {
     Derived& backend;
     const char* what;
     int exceptions = std::uncaught_exceptions();
+    trace_span span{"comm", what};
     ~failure_watch() {
       if constexpr (requires { backend.note_failure(what); }) {
         if (std::uncaught_exceptions() > exceptions) backend.note_failure(what);

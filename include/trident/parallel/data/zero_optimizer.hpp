@@ -132,6 +132,7 @@
 #include "trident/comm/host_reduce.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/exec/trace.hpp"
 #include "trident/optim/optimizers.hpp"
 #include "trident/model/flat_layout.hpp"
 #include "trident/precision/mixed_precision.hpp"
@@ -490,6 +491,7 @@ class zero_optimizer {
   //! Waits for the reductions, then (collectively) checks for overflow, clips, updates this
   //! rank's shard and all-gathers the result. Every layer must have been marked ready.
   step_result step() {
+    const trace_span span("optimizer", "ZeRO step");
     check_hyperparameters(step_count_ + 1, "step");
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& k = layout_.buckets()[b];

@@ -59,6 +59,7 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/space_span.hpp"
+#include "trident/exec/trace.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"
 
 namespace trident::pipeline {
@@ -234,6 +235,7 @@ class pipeline {
       if (!pending) return;
       auto r = std::move(*pending);
       pending.reset();
+      const trace_span span("comm", "wait for stage messages");
       r.wait();
       for (auto [k, mb] : pending_sends_act) dispatch(k, [&](auto& slot) { slot.outputs.erase(mb); });
       for (auto [k, mb] : pending_sends_grad) dispatch(k, [&](auto& slot) { slot.input_grads.erase(mb); });
@@ -264,14 +266,21 @@ class pipeline {
         continue;
       }
       const int k = a.stage, mb = a.micro_batch;
+      // A compute waits for the group that brings its input, and only for that one.
+      const bool backward_kind = a.kind == action_kind::backward || a.kind == action_kind::backward_input;
+      if ((a.kind == action_kind::forward && in_flight(pending_recv_act, k, mb)) ||
+          (backward_kind && in_flight(pending_recv_grad, k, mb)))
+        finish();
+      const trace_span span(a.kind == action_kind::forward ? "forward" : "backward", [&] {
+        const char* what = a.kind == action_kind::forward ? "F" : a.kind == action_kind::backward_weight ? "W" : "B";
+        return std::string(what) + std::to_string(k) + " mb " + std::to_string(mb);
+      });
       switch (a.kind) {
         case action_kind::forward:
-          if (in_flight(pending_recv_act, k, mb)) finish();
           forward(k, mb, input, loss, out);
           break;
         case action_kind::backward:
         case action_kind::backward_input:
-          if (in_flight(pending_recv_grad, k, mb)) finish();
           backward(k, mb, a.kind == action_kind::backward_input);
           break;
         case action_kind::backward_weight:
