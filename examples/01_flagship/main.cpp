@@ -11,9 +11,10 @@
 // It prints each rank's memory by category after the first step, a progress line per step
 // (loss, learning rate, tokens/s, MFU against this machine's measured GEMM rate, loss scale,
 // gradient norm, time left) and a validation loss every --eval-every steps, and writes the loss
-// curve as CSV and SVG (--out).
+// curve as CSV and SVG and one step's timeline as a Chrome trace (--out).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,8 +23,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "ds_config.hpp"
 #include "report.hpp"
 #include "trainer.hpp"
 #include "trident/comm/local.hpp"
@@ -38,30 +41,84 @@ namespace {
 struct settings {
   std::string backend = "local";
   int ranks = 4;
+  std::string config;                   // a DeepSpeed-style JSON file (ds_config.hpp)
   std::string data = "build/data/kjv";  // PREFIX_train.bin, PREFIX_val.bin
-  std::string out = "build/flagship";   // loss.csv, loss.svg
+  std::string train_file, val_file;     // from a config: the shards themselves
+  std::string out = "build/flagship";   // loss.csv, loss.svg, trace.json
+  std::string loss_csv, loss_svg;       // from a config, else in `out`
   flagship::train_options train;
   long warmup = 20;
   double min_lr_ratio = 0.1;
+  std::vector<std::string> ignored;  // DeepSpeed keys of the config that trident does not use
 };
 
 constexpr const char* usage = R"(usage: flagship [options]
   --backend local|mpi    thread ranks of this process (default) or MPI ranks (under mpirun)
   --ranks N              thread ranks (default 4)
+  --config FILE          a DeepSpeed config with a "trident" section (examples/01_flagship/configs);
+                         the options below override it
   --tensor T --pipeline P --virtual V --schedule gpipe|1f1b|interleaved --zero 0..3
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --data PREFIX          shards PREFIX_train.bin and PREFIX_val.bin (default build/data/kjv,
                          made by: python3 scripts/prepare_data.py --out build/data)
   --eval-every N         validation loss every N steps (default 50; 0: never)
-  --out DIR              loss.csv and loss.svg (default build/flagship)
+  --trace-step N         write step N's timeline (Chrome trace) to DIR/trace.json (default 2; 0: none)
+  --out DIR              loss.csv, loss.svg and trace.json (default build/flagship)
 )";
 
-settings parse(int argc, char** argv) {
-  settings s;
+using arguments = std::vector<std::pair<std::string, std::string>>;  // (option, value)
+
+// The options and their values, checked for names and arity; applied later, once the world
+// size is known (a config's batch sizes depend on it).
+arguments collect(int argc, char** argv) {
+  static const std::vector<std::string> flags{"--sequence-parallel"};
+  static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
+                                               "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
+                                               "--seed", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
+                                               "--trace-step", "--out"};
+  arguments out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (std::find(flags.begin(), flags.end(), a) != flags.end()) {
+      out.emplace_back(a, "");
+    } else if (std::find(valued.begin(), valued.end(), a) != valued.end()) {
+      TRIDENT_EXPECT(i + 1 < argc, "flagship: ", a, " expects a value");
+      out.emplace_back(a, argv[++i]);
+    } else {
+      throw trident::usage_error("flagship: unknown option '" + a + "' (see --help)");
+    }
+  }
+  return out;
+}
+
+std::string option(const arguments& args, const std::string& name, std::string fallback) {
+  for (const auto& [k, v] : args)
+    if (k == name) fallback = v;
+  return fallback;
+}
+
+long integer(const std::string& option, const std::string& v) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  TRIDENT_EXPECT(!v.empty() && *end == '\0', "flagship: ", option, " expects an integer, got '", v, "'");
+  return n;
+}
+float real(const std::string& option, const std::string& v) {
+  char* end = nullptr;
+  const float x = std::strtof(v.c_str(), &end);
+  TRIDENT_EXPECT(!v.empty() && *end == '\0', "flagship: ", option, " expects a number, got '", v, "'");
+  return x;
+}
+
+// The default run: small enough to learn visibly in a minute or two on two cores, with tensor
+// and pipeline parallelism both active.
+void defaults(settings& s) {
   auto& o = s.train;
-  // The default: small enough to learn visibly in a minute or two on two cores, with tensor and
-  // pipeline parallelism both active.
   o.model = {.vocab = 256, .seq = 64, .hidden = 128, .heads = 4, .layers = 4, .ffn = 0};
   o.tensor = 2;
   o.pipeline = 2;
@@ -73,54 +130,14 @@ settings parse(int argc, char** argv) {
   o.adamw = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   o.eval_every = 50;
   o.eval_batches = 8;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      TRIDENT_EXPECT(i + 1 < argc, "flagship: ", a, " expects a value");
-      return argv[++i];
-    };
-    auto number = [&]() -> long {
-      const std::string v = value();
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      TRIDENT_EXPECT(!v.empty() && *end == '\0', "flagship: ", a, " expects an integer, got '", v, "'");
-      return n;
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    } else if (a == "--backend") s.backend = value();
-    else if (a == "--ranks") s.ranks = static_cast<int>(number());
-    else if (a == "--tensor") o.tensor = static_cast<int>(number());
-    else if (a == "--pipeline") o.pipeline = static_cast<int>(number());
-    else if (a == "--virtual") o.virtual_stages = static_cast<int>(number());
-    else if (a == "--schedule") o.schedule = value();
-    else if (a == "--zero") o.zero_stage = static_cast<int>(number());
-    else if (a == "--steps") o.steps = number();
-    else if (a == "--micro-batch") o.micro_batch = static_cast<std::size_t>(number());
-    else if (a == "--accumulation") o.accumulation = static_cast<int>(number());
-    else if (a == "--lr") o.adamw.lr = std::stof(value());
-    else if (a == "--warmup") s.warmup = number();
-    else if (a == "--clip") o.max_grad_norm = std::stof(value());
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(number());
-    else if (a == "--layers") o.model.layers = static_cast<std::size_t>(number());
-    else if (a == "--hidden") o.model.hidden = static_cast<std::size_t>(number());
-    else if (a == "--heads") o.model.heads = static_cast<std::size_t>(number());
-    else if (a == "--seq") o.model.seq = static_cast<std::size_t>(number());
-    else if (a == "--sequence-parallel") o.model.sequence_parallel = true;
-    else if (a == "--data") s.data = value();
-    else if (a == "--eval-every") o.eval_every = number();
-    else if (a == "--out") s.out = value();
-    else throw trident::usage_error("flagship: unknown option '" + a + "' (see --help)");
-  }
-  return s;
+  o.trace_step = 2;  // the first step allocates; the second is a typical one
 }
 
 // PyTorch-style: a linear warm-up, then a cosine down to min_lr_ratio x lr at the last step.
-void set_schedule(settings& s) {
+void default_schedule(settings& s) {
   auto& o = s.train;
   const double lr = o.adamw.lr, floor = s.min_lr_ratio * lr;
-  const long warmup = s.warmup, total = o.steps;
+  const long warmup = std::max<long>(1, s.warmup), total = o.steps;
   o.lr = [=](std::int64_t step) {
     if (step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
     const double t = static_cast<double>(step - warmup) / static_cast<double>(std::max<long>(1, total - warmup));
@@ -128,13 +145,122 @@ void set_schedule(settings& s) {
   };
 }
 
+// A DeepSpeed config (with trident's section) as the trainer's options. The schedulers are
+// DeepSpeed's own, as its engine steps them (optim/schedule.hpp, checked against DeepSpeed).
+void from_config(settings& s, const std::string& path, int world_size) {
+  const auto c = flagship::load_config(path, world_size);
+  flagship::check_layout(c, world_size);
+  TRIDENT_EXPECT(c.precision == flagship::precision_kind::fp32, "flagship: ", path, " enables ",
+                 c.precision == flagship::precision_kind::bf16 ? "bf16" : "fp16",
+                 "; the host path trains in fp32 for now (set \"enabled\": false, or leave the section out)");
+  TRIDENT_EXPECT(c.optimizer.decoupled_weight_decay || c.optimizer.weight_decay == 0.0f, "flagship: ", path,
+                 " asks for Adam with L2 weight decay (adam_w_mode false); the trainer is compiled with AdamW");
+  auto& o = s.train;
+  const auto& t = c.trident;
+  o.model = {.vocab = t.model.vocab_size, .seq = t.model.seq_len, .hidden = t.model.hidden, .heads = t.model.heads,
+             .layers = t.model.layers, .ffn = t.model.ffn, .sequence_parallel = t.sequence_parallel};
+  o.tensor = t.tensor_parallel;
+  o.pipeline = t.pipeline_parallel;
+  o.virtual_stages = t.virtual_stages;
+  o.schedule = t.schedule;
+  o.zero_stage = c.zero.stage;
+  o.micro_batch = static_cast<std::size_t>(c.micro_batch);
+  o.accumulation = c.gradient_accumulation_steps;
+  o.steps = static_cast<long>(t.steps);
+  o.max_grad_norm = c.gradient_clipping;
+  o.adamw = {.lr = static_cast<float>(c.optimizer.lr), .beta1 = c.optimizer.beta1, .beta2 = c.optimizer.beta2,
+             .eps = c.optimizer.eps, .weight_decay = c.optimizer.weight_decay};
+  o.bucket_elements = c.zero.reduce_bucket_size;
+  o.first_bucket_elements = std::min<std::size_t>(c.zero.reduce_bucket_size, 1'000'000);
+  o.persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  o.eval_every = static_cast<long>(t.eval_every);
+  o.eval_batches = t.eval_batches;
+  o.seed = t.seed;
+  namespace optim = trident::optim;
+  const auto& sc = c.scheduler;
+  const auto kind = sc.warmup_type == "linear" ? optim::warmup_kind::linear : optim::warmup_kind::log;
+  if (sc.type == "WarmupLR") {
+    const optim::warmup_lr f{.min_lr = sc.warmup_min_lr, .max_lr = sc.warmup_max_lr, .warmup_steps = sc.warmup_num_steps, .kind = kind};
+    o.lr = f;
+  } else if (sc.type == "WarmupDecayLR") {
+    optim::warmup_decay_lr f;
+    f.min_lr = sc.warmup_min_lr;
+    f.max_lr = sc.warmup_max_lr;
+    f.warmup_steps = sc.warmup_num_steps;
+    f.kind = kind;
+    f.total_steps = sc.total_num_steps;
+    o.lr = f;
+  } else if (sc.type == "WarmupCosineLR") {
+    o.lr = optim::warmup_cosine_lr{.lr = c.optimizer.lr, .total_steps = sc.total_num_steps, .warmup_min_ratio = sc.warmup_min_ratio,
+                                   .warmup_steps = sc.warmup_num_steps, .cos_min_ratio = sc.cos_min_ratio, .kind = kind};
+  } else {
+    const double lr = c.optimizer.lr;
+    o.lr = [lr](std::int64_t) { return lr; };
+  }
+  s.train_file = t.train_data;
+  s.val_file = t.val_data;
+  s.loss_csv = t.loss_csv;
+  s.loss_svg = t.loss_svg;
+  s.ignored = c.ignored;
+}
+
+// Defaults, then the config, then the command line.
+settings build(const arguments& args, int world_size) {
+  settings s;
+  defaults(s);
+  s.backend = option(args, "--backend", s.backend);
+  s.config = option(args, "--config", "");
+  bool schedule_given = false;
+  if (!s.config.empty()) {
+    from_config(s, s.config, world_size);
+    schedule_given = true;
+  }
+  auto& o = s.train;
+  for (const auto& [a, v] : args) {
+    if (a == "--tensor") o.tensor = static_cast<int>(integer(a, v));
+    else if (a == "--pipeline") o.pipeline = static_cast<int>(integer(a, v));
+    else if (a == "--virtual") o.virtual_stages = static_cast<int>(integer(a, v));
+    else if (a == "--schedule") o.schedule = v;
+    else if (a == "--zero") o.zero_stage = static_cast<int>(integer(a, v));
+    else if (a == "--steps") o.steps = integer(a, v);
+    else if (a == "--micro-batch") o.micro_batch = static_cast<std::size_t>(integer(a, v));
+    else if (a == "--accumulation") o.accumulation = static_cast<int>(integer(a, v));
+    else if (a == "--lr") {
+      o.adamw.lr = real(a, v);
+      schedule_given = false;
+    } else if (a == "--warmup") {
+      s.warmup = integer(a, v);
+      schedule_given = false;
+    } else if (a == "--clip") o.max_grad_norm = real(a, v);
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(a, v));
+    else if (a == "--layers") o.model.layers = static_cast<std::size_t>(integer(a, v));
+    else if (a == "--hidden") o.model.hidden = static_cast<std::size_t>(integer(a, v));
+    else if (a == "--heads") o.model.heads = static_cast<std::size_t>(integer(a, v));
+    else if (a == "--seq") o.model.seq = static_cast<std::size_t>(integer(a, v));
+    else if (a == "--sequence-parallel") o.model.sequence_parallel = true;
+    else if (a == "--data") {
+      s.data = v;
+      s.train_file.clear();
+      s.val_file.clear();
+    } else if (a == "--eval-every") o.eval_every = integer(a, v);
+    else if (a == "--trace-step") o.trace_step = integer(a, v);
+    else if (a == "--out") s.out = v;
+  }
+  if (!schedule_given) default_schedule(s);
+  return s;
+}
+
 void require_data(settings& s) {
   auto& o = s.train;
-  o.train_files = {s.data + "_train.bin"};
-  o.val_files = {s.data + "_val.bin"};
+  o.train_files = {s.train_file.empty() ? s.data + "_train.bin" : s.train_file};
+  o.val_files = {s.val_file.empty() ? s.data + "_val.bin" : s.val_file};
   for (const auto& f : {o.train_files[0], o.val_files[0]})
     TRIDENT_EXPECT(std::filesystem::exists(f), "flagship: the data file '", f, "' does not exist; make it with "
                    "`python3 scripts/prepare_data.py --out build/data` or name your shards with --data PREFIX");
+  std::filesystem::create_directories(s.out);
+  o.trace_file = s.out + "/trace.json";
+  if (s.loss_csv.empty()) s.loss_csv = s.out + "/loss.csv";
+  if (s.loss_svg.empty()) s.loss_svg = s.out + "/loss.svg";
 }
 
 // Trains on `world`; rank 0 prints the progress and writes the curve.
@@ -153,6 +279,11 @@ void run(Comm& world, const settings& s, double peak_flops) {
                 o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
                 static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
+  if (speaker && !s.ignored.empty()) {
+    std::printf("  %s: DeepSpeed keys trident does not use (ignored):", s.config.c_str());
+    for (const auto& k : s.ignored) std::printf(" %s", k.c_str());
+    std::printf("\n");
+  }
   flagship::progress bar{o.steps, o.model.flops_per_token(), peak_flops};
   const bool tty = isatty(STDOUT_FILENO) != 0;
   const auto reports = flagship::train(world, o, [&](const flagship::step_report& r) {
@@ -172,41 +303,48 @@ void run(Comm& world, const settings& s, double peak_flops) {
     std::fflush(stdout);
   });
   if (!speaker) return;
-  std::filesystem::create_directories(s.out);
-  const auto csv = s.out + "/loss.csv", svg = s.out + "/loss.svg";
+  const auto& csv = s.loss_csv;
+  const auto& svg = s.loss_svg;
   flagship::write_loss_csv(csv, reports);
   char title[160];
   std::snprintf(title, sizeof title, "GPT %zu x %zu on (d, t, p) = (%d, %d, %d), ZeRO-%d", o.model.layers, o.model.hidden, d, o.tensor,
                 o.pipeline, o.zero_stage);
   flagship::write_loss_svg(svg, reports, title);
-  std::printf("loss %.4f -> %.4f over %ld steps; curve in %s and %s\n", reports.front().loss, reports.back().loss, o.steps,
+  std::printf("loss %.4f -> %.4f over %ld steps; curve in %s and %s", reports.front().loss, reports.back().loss, o.steps,
               csv.c_str(), svg.c_str());
+  if (o.trace_step >= 1 && o.trace_step <= o.steps)
+    std::printf("; step %ld's timeline in %s (open it in https://ui.perfetto.dev)", o.trace_step, o.trace_file.c_str());
+  std::printf("\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    auto s = parse(argc, argv);
-    set_schedule(s);
-    require_data(s);
+    const auto args = collect(argc, argv);
+    const std::string backend = option(args, "--backend", "local");
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    if (s.backend == "local") {
-      TRIDENT_EXPECT(s.ranks >= 1, "flagship: expected at least one rank, got ", s.ranks);
-      const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(s.ranks));
-      trident::local_world::run(s.ranks, [&](trident::local_comm& world) { run(world, s, peak); });
+    if (backend == "local") {
+      const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
+      TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);
+      auto s = build(args, ranks);
+      require_data(s);
+      const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(ranks));
+      trident::local_world::run(ranks, [&](trident::local_comm& world) { run(world, s, peak); });
       return 0;
     }
 #if TRIDENT_HAS_MPI
-    if (s.backend == "mpi") {
+    if (backend == "mpi") {
       trident::mpi_environment env(argc, argv);
       auto world = trident::mpi_comm::world();
+      auto s = build(args, world.size());
+      require_data(s);
       const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(world.size()));
       run(world, s, peak);
       return 0;
     }
 #endif
-    throw trident::usage_error("flagship: --backend " + s.backend + " is not available in this build (local" +
+    throw trident::usage_error("flagship: --backend " + backend + " is not available in this build (local" +
                                std::string(trident::has_mpi ? ", mpi" : "") + ")");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flagship: %s\n", e.what());

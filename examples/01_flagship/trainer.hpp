@@ -22,7 +22,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -33,6 +35,7 @@
 #include "trident/comm/process_grid.hpp"
 #include "trident/core/error.hpp"
 #include "trident/data/token_shards.hpp"
+#include "trident/exec/trace.hpp"
 #include "trident/optim/optimizers.hpp"
 #include "trident/optim/schedule.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
@@ -70,6 +73,8 @@ struct train_options {
   long eval_every = 0;  // 0: no validation
   int eval_batches = 4;
   std::uint64_t seed = 1234;
+  long trace_step = 0;      // this step's timeline goes to trace_file (Chrome trace); 0: none
+  std::string trace_file;
 };
 
 struct step_report {
@@ -126,6 +131,35 @@ inline trident::pipeline::schedule make_schedule(const std::string& name, int p,
   return pp::interleaved_one_f_one_b(p, m, v);
 }
 
+// Every rank's spans of one step into one Chrome trace on world rank 0: times from the earliest
+// span of any rank (steady_clock is shared by the threads and the processes of one machine),
+// each rank's events sent to rank 0 as text.
+template <class Comm>
+void write_trace(Comm& world, const trident::trace_recorder& rec, const std::string& path) {
+  using namespace std::chrono;
+  std::vector<std::int64_t> origin{trident::earliest(rec).time_since_epoch().count()};
+  world.all_reduce(origin, trident::reduce_op::min);
+  const std::string mine = trident::chrome_trace_events(rec, steady_clock::time_point(steady_clock::duration(origin[0])));
+  std::vector<std::uint64_t> sizes(static_cast<std::size_t>(world.size()));
+  const std::vector<std::uint64_t> size{mine.size()};
+  world.all_gather(size, sizes);
+  if (world.rank() != 0) {
+    std::vector<std::uint8_t> bytes(mine.begin(), mine.end());
+    world.send(bytes, 0);
+    return;
+  }
+  std::vector<std::string> lists{mine};
+  for (int r = 1; r < world.size(); ++r) {
+    std::vector<std::uint8_t> bytes(sizes[static_cast<std::size_t>(r)]);
+    world.recv(bytes, r);
+    lists.emplace_back(bytes.begin(), bytes.end());
+  }
+  std::ofstream f(path);
+  TRIDENT_EXPECT(f.good(), "train: cannot write the trace to '", path, "'");
+  trident::write_chrome_trace(f, std::span<const std::string>(lists));
+  TRIDENT_EXPECT(f.good(), "train: writing the trace to '", path, "' failed");
+}
+
 // The value that the rank of the last stage holds, averaged over the data axis and given to
 // every rank (one float each way).
 template <class Comm>
@@ -139,7 +173,6 @@ double share_from_last_stage(trident::process_grid<Comm>& grid, double value, bo
 template <int Stage, std::size_t N, class Comm>
 std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
                              const std::function<void(const step_report&)>& on_step) {
-  (void)world;
   namespace pp = trident::pipeline;
   const int p = grid.pipeline().size(), d = grid.data().size(), m = o.accumulation;
   optimizer_type opt;
@@ -167,19 +200,37 @@ std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, con
   const bool last = grid.pipeline().rank() == p - 1;
   const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
 
+  const auto coordinates = trident::detail::concat("rank ", world.rank(), " (d ", grid.coordinate(trident::grid_axis::data), ", t ",
+                                                   grid.coordinate(trident::grid_axis::tensor), ", p ",
+                                                   grid.coordinate(trident::grid_axis::pipeline), ")");
   std::vector<step_report> reports;
   for (long s = 1; s <= o.steps; ++s) {
+    std::optional<trident::trace_recorder> recorder;
+    std::optional<trident::scoped_trace> tracing;
+    if (s == o.trace_step) {
+      recorder.emplace(world.rank(), coordinates);
+      tracing.emplace(*recorder);
+    }
     const auto start = std::chrono::steady_clock::now();
-    batches = {};
-    for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
+    std::optional<trident::trace_span> step_span;
+    step_span.emplace("step", [&] { return "step " + std::to_string(s); });
+    {
+      const trident::trace_span span("data", "load batches");
+      batches = {};
+      for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
+    }
     rank.set_batches(&batches);
     const auto r = pipe.run(grid.pipeline(), schedule, [&](int) -> const std::vector<float>& { return unused; },
                             [&](const std::vector<float>& y, int, std::vector<float>& dy) {
                               dy[0] = 1.0f / static_cast<float>(m);
                               return static_cast<double>(y[0]);
                             });
-    rank.finish_backward();
+    {
+      const trident::trace_span span("comm", "tied embedding's gradient");
+      rank.finish_backward();
+    }
     const auto result = rank.step();
+    step_span.reset();
     double sum = 0;
     for (double l : r.losses) sum += l;
     step_report rep;
@@ -213,6 +264,10 @@ std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, con
       }
       rep.val_loss = share_from_last_stage(grid, last ? vsum / o.eval_batches : 0.0, last);
     }
+    if (recorder) {
+      tracing.reset();
+      write_trace(world, *recorder, o.trace_file);
+    }
     if (on_step) on_step(rep);
     reports.push_back(rep);
   }
@@ -229,6 +284,7 @@ std::vector<step_report> train(Comm& world, const train_options& o, const std::f
                  ", virtual_stages ", o.virtual_stages, "; expected all at least 1");
   TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train: a world of ", world.size(), " ranks is not d x t x p for t = ",
                  o.tensor, " and p = ", o.pipeline, "; expected a multiple of ", o.tensor * o.pipeline);
+  TRIDENT_EXPECT(o.trace_step <= 0 || !o.trace_file.empty(), "train: a trace of step ", o.trace_step, " needs a trace_file");
   TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train: accumulation ", o.accumulation, ", steps ", o.steps,
                  "; expected at least 1 micro-batch per step and no negative step count");
   (void)detail::make_schedule(o.schedule, o.pipeline, o.accumulation, o.virtual_stages);  // a bad name fails before any collective

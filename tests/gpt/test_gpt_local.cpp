@@ -3,7 +3,14 @@
 // (fp32, within 1e-5), and so do sequence parallelism and interleaved virtual stages.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
 
 #include "gpt/gpt_suite.hpp"
 #include "trident/comm/local.hpp"
@@ -41,4 +48,121 @@ TEST_CASE("gpt: sequence parallelism, GPipe and interleaved virtual stages train
   o.accumulation = 4;
   o.zero_stage = 1;
   local_world::run(4, [&](local_comm& world) { gpt_suite::equals_serial(world, o); });
+}
+
+TEST_CASE("gpt: a step's Chrome trace shows every rank's forward, backward, communication and ZeRO step (threads)") {
+  auto o = gpt_suite::small_options();
+  o.tensor = 2;
+  o.pipeline = 2;
+  o.steps = 3;
+  o.trace_step = 2;
+  o.trace_file = (std::filesystem::temp_directory_path() / ("trident_gpt_trace_" + std::to_string(::getpid()) + ".json")).string();
+  local_world::run(8, [&](local_comm& world) { (void)flagship::train(world, o); });
+  std::ifstream f(o.trace_file);
+  REQUIRE(f.good());
+  const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(o.trace_file);
+  CHECK(json.starts_with("{\"displayTimeUnit\":\"ms\",\"traceEvents\":["));
+  CHECK(json.ends_with("]}\n"));
+  auto has = [&](int rank, const std::string& category, const std::string& name) {
+    return json.find("\"tid\":" + std::to_string(rank) + ",\"cat\":\"" + category + "\",\"name\":\"" + name) != std::string::npos;
+  };
+  for (int r = 0; r < 8; ++r) {
+    INFO("world rank ", r);
+    const int stage = r / 4;  // Megatron order: tensor fastest, then data, then pipeline
+    CHECK(json.find("\"tid\":" + std::to_string(r) + ",\"args\":{\"name\":\"rank " + std::to_string(r) + " (d ") != std::string::npos);
+    CHECK(has(r, "step", "step 2"));
+    CHECK(has(r, "forward", "F" + std::to_string(stage) + " mb 1"));
+    CHECK(has(r, "backward", "B" + std::to_string(stage) + " mb 1"));
+    CHECK(has(r, "comm", "all_reduce"));  // the tensor-parallel layers' g
+    CHECK(has(r, "comm", "wait for stage messages"));
+    CHECK(has(r, "optimizer", "ZeRO step"));
+    CHECK_FALSE(has(r, "step", "step 1"));  // one step only
+  }
+}
+
+namespace {
+
+// What train() throws on every rank of a 4-rank world (the first rank's message: they agree).
+std::string failure(const flagship::train_options& o, int ranks = 4) {
+  try {
+    local_world::run(ranks, [&](local_comm& world) { (void)flagship::train(world, o); });
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string bad_shard(const std::string& name, const std::function<void(std::vector<unsigned char>&)>& damage) {
+  const auto good = gpt_suite::small_options().train_files[0];
+  std::ifstream in(good, std::ios::binary);
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  damage(bytes);
+  const auto path = (std::filesystem::temp_directory_path() / ("trident_gpt_" + name + "_" + std::to_string(::getpid()) + ".bin")).string();
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("gpt: bad input is an error that names what was expected, on every rank, never a crash or a hang") {
+  auto o = gpt_suite::small_options();
+  o.tensor = 2;
+  o.pipeline = 2;
+  o.steps = 2;
+  {
+    auto bad = o;
+    bad.train_files = {bad_shard("magic", [](auto& b) { b[0] ^= 0xFF; })};
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("magic") != std::string::npos, e);
+    std::filesystem::remove(bad.train_files[0]);
+  }
+  {
+    auto bad = o;
+    bad.train_files = {bad_shard("truncated", [](auto& b) { b.erase(b.end() - 7, b.end()); })};
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("tokens") != std::string::npos, e);
+    std::filesystem::remove(bad.train_files[0]);
+  }
+  {
+    auto bad = o;
+    bad.train_files = {"/nonexistent/trident_shard.bin"};
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("/nonexistent/trident_shard.bin") != std::string::npos, e);
+  }
+  {
+    auto bad = o;
+    bad.model.heads = 3;
+    bad.model.hidden = 12;
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("3 attention heads do not divide over a tensor-parallel group of 2") != std::string::npos, e);
+  }
+  {
+    const auto e = failure(o, 6);
+    CHECK_MESSAGE(e.find("a world of 6 ranks is not d x t x p for t = 2 and p = 2") != std::string::npos, e);
+  }
+  {
+    auto bad = o;
+    bad.schedule = "zigzag";
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("unknown pipeline schedule 'zigzag'; expected one of gpipe, 1f1b, interleaved") != std::string::npos, e);
+  }
+  {
+    auto bad = o;
+    bad.model.layers = 3;
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("3 layers do not divide into 2 pipeline stages") != std::string::npos, e);
+  }
+  {
+    auto bad = o;
+    bad.model.vocab = 31;
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("vocabulary of 31 tokens does not divide over a tensor-parallel group of 2") != std::string::npos, e);
+  }
+  {
+    auto bad = o;  // tokens of the shard outside a smaller vocabulary
+    bad.model.vocab = 16;
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("is outside the vocabulary [0, 16)") != std::string::npos, e);
+  }
 }
