@@ -47,6 +47,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,7 @@
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
 #include "trident/parallel/tensor/vocab.hpp"
+#include "trident/precision/mixed_precision.hpp"
 
 namespace flagship {
 
@@ -181,28 +183,44 @@ std::vector<gpt_parameter> gpt_parameters(const Comm& tp, const gpt_config& c, s
 //! What a pipeline stage asks of the rank that holds it. Virtual, so that the pipeline's
 //! types (one per stage count) do not multiply with the ZeRO stages and optimizers: the run-time
 //! choices compile into a handful of instantiations instead of their product.
+//! And what the training loop asks of it (trainer.hpp), for the same reason: the loop compiles
+//! once per stage count, not once per ZeRO stage and precision as well.
 class chunk_runner {
  public:
   using message = std::vector<float>;
+  struct step_outcome {
+    double grad_norm = 0;
+    bool applied = true;
+  };
   virtual ~chunk_runner() = default;
   virtual std::size_t input_numel(int k) const = 0;
   virtual std::size_t output_numel(int k) const = 0;
   virtual message forward(int k, const message& x, int mb) = 0;
   virtual message backward(int k, const message& dy, int mb) = 0;
   virtual message evaluate(int k, const message& x, int mb) = 0;
+  virtual void set_batches(const step_batches* b) = 0;
+  virtual void finish_backward() = 0;
+  virtual step_outcome step() = 0;
+  virtual float loss_scale() const = 0;
 };
 
 //! This rank's chunks of the model and the optimizer that holds their parameters.
-//! Stage: the ZeRO stage (0-3 or a policy); Opt: the optimizer (e.g. scheduled<adamw, ...>).
-template <auto Stage, trident::communicator Comm, class Opt>
+//! Stage: the ZeRO stage (0-3 or a policy); Opt: the optimizer (e.g. scheduled<adamw, ...>);
+//! Precision: full_precision, or mixed_precision<bf16 / fp16> (fp32 master weights in the
+//! optimizer, half working weights and gradients; the host layers compute in float on the
+//! working weights, and each layer's gradients, computed in float, are added to the half ones
+//! when its backward is done).
+template <auto Stage, trident::communicator Comm, class Opt, class Precision = trident::full_precision>
 class gpt_rank final : public chunk_runner {
  public:
-  using zero_type = zero::zero_optimizer<Stage, Opt, Comm>;
+  using zero_type = zero::zero_optimizer<Stage, Opt, Comm, Precision>;
   using policy = zero::stage_policy_t<Stage>;
+  using half_type = typename Precision::half_type;
+  static constexpr bool full = std::is_same_v<half_type, float>;
   //! Collective over the grid (the optimizer's construction). `chunks` stages of the model over
   //! the pipeline axis, `micro_batches` per step and data-parallel rank, `batch` rows each.
   gpt_rank(trident::process_grid<Comm>& grid, const gpt_config& c, int chunks, int micro_batches, std::size_t batch, Opt opt,
-           zero::zero_options options, std::uint64_t seed)
+           zero::zero_options options, std::uint64_t seed, typename Precision::scaler_type scaler = {})
       : tp_(&grid.tensor()), pipe_(&grid.pipeline()), c_(validated(c, grid, chunks)), chunks_(chunks),
         p_(grid.pipeline().size()), prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
@@ -255,26 +273,45 @@ class gpt_rank final : public chunk_runner {
       chunks_mine_.push_back(std::move(ch));
     }
     if (options.count_replicas == std::nullopt) options.count_replicas = t_rank == 0;
-    z_ = std::make_unique<zero_type>(grid.data(), grid.model(), spec, std::move(opt), options);
+    z_ = std::make_unique<zero_type>(grid.data(), grid.model(), spec, std::move(opt), options, std::move(scaler));
     for (const auto* p : mine) z_->set_parameter(p->name, p->part(t_rank));
     for (auto& ch : chunks_mine_) {
       if (ch.emb_layer >= 0) {
         wte_h_ = z_->handle("wte");
         wpe_h_ = z_->handle("wpe");
       }
-      for (const auto& b : ch.blocks)
-        for (const auto& p : b.parameters()) ch.handles.push_back(z_->handle(p.name));
+      for (const auto& b : ch.blocks) {
+        std::size_t n = 0;
+        for (const auto& p : b.parameters()) {
+          ch.handles.push_back(z_->handle(p.name));
+          n += p.split.local_numel();
+        }
+        block_arena_ = std::max(block_arena_, n);
+      }
       if (ch.final_layer >= 0) {
         lnf_w_ = z_->handle("ln_f.weight");
         lnf_b_ = z_->handle("ln_f.bias");
       }
+    }
+    // Float scratch for the layers' views of half weights and gradients (unused in fp32).
+    if constexpr (!full) {
+      const std::size_t wte = wte_.weight_sharding().local_numel(), h = c_.hidden;
+      weights_.resize(block_arena_);
+      grads_.resize(block_arena_);
+      emb_w_.resize(wte + c_.seq * h);
+      emb_g_.resize(wte + c_.seq * h);
+      head_w_.resize(wte);
+      head_g_.resize(wte);
+      lnf_w_scratch_.resize(2 * h);
+      lnf_g_.resize(2 * h);
     }
     // The last chunk's copy of the tied embedding, when chunk 0 is another stage.
     if (owns(chunks_ - 1) && chunks_ > 1) {
       const auto w = find("wte").part(t_rank);
       wte_copy_ = trident::buffer<float, trident::host_space>(w.size(), trident::mem_category::parameters);
       head_grad_ = trident::buffer<float, trident::host_space>(w.size(), trident::mem_category::gradients);
-      std::copy(w.begin(), w.end(), wte_copy_.span().begin());
+      // The working weights' values: rounded to the half type, as chunk 0's are.
+      std::transform(w.begin(), w.end(), wte_copy_.span().begin(), [](float v) { return static_cast<float>(static_cast<half_type>(v)); });
       std::fill(head_grad_.span().begin(), head_grad_.span().end(), 0.0f);
     }
   }
@@ -286,6 +323,8 @@ class gpt_rank final : public chunk_runner {
   int chunks() const noexcept { return chunks_; }
   bool owns(int k) const noexcept { return k % p_ == prank_; }
   zero_type& optimizer() noexcept { return *z_; }
+  //! The factor the loss's gradient is multiplied by (fp16's loss scale; 1 otherwise).
+  float loss_scale() const override { return z_->loss_scale(); }
   //! Rows of the activations on this rank: seq x batch, or seq / t x batch with sequence parallelism.
   std::size_t local_rows() const noexcept {
     const std::size_t n = c_.seq * batch_;
@@ -295,7 +334,7 @@ class gpt_rank final : public chunk_runner {
   std::size_t output_numel(int k) const override { return k == chunks_ - 1 ? 1 : local_rows() * c_.hidden; }
 
   //! The micro-batches the next forwards read (chunk 0: inputs; the last chunk: targets).
-  void set_batches(const step_batches* b) noexcept { batches_ = b; }
+  void set_batches(const step_batches* b) override { batches_ = b; }
 
   message forward(int k, const message& x, int mb) override {
     auto& ch = chunk_of(k);
@@ -334,6 +373,7 @@ class gpt_rank final : public chunk_runner {
     for (std::size_t l = ch.blocks.size(); l-- > 0;) {
       const int layer = ch.first_block_layer + static_cast<int>(l);
       ch.blocks[l].backward(*tp_, weights(ch, l), saved.blocks[l], g, dx, gradients(ch, l));
+      commit();
       z_->release(layer);
       z_->grad_ready(layer);
       std::swap(g, dx);
@@ -348,7 +388,7 @@ class gpt_rank final : public chunk_runner {
 
   //! After the pipeline has run a step's micro-batches: the tied head's gradient joins the
   //! embedding's, which is then reduced (once per step).
-  void finish_backward() {
+  void finish_backward() override {
     if (chunks_ > 1 && owns(chunks_ - 1) && !owns(0)) {
       pipe_->send(std::span<const float>(head_grad_.span()), 0);
       std::fill(head_grad_.span().begin(), head_grad_.span().end(), 0.0f);
@@ -356,34 +396,41 @@ class gpt_rank final : public chunk_runner {
     if (!owns(0)) return;
     if constexpr (!policy::shards_gradients) z_->set_gradient_sync(true);
     if (chunks_ > 1) {
-      std::span<float> g = z_->gradients(wte_h_);
+      std::span<half_type> g = z_->gradients(wte_h_);
       if (owns(chunks_ - 1)) {
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] += head_grad_[i];
+        add_into(g, head_grad_.span());
         std::fill(head_grad_.span().begin(), head_grad_.span().end(), 0.0f);
       } else {
         tie_scratch_.resize(g.size());
         pipe_->recv(std::span<float>(tie_scratch_), (chunks_ - 1) % p_);
-        for (std::size_t i = 0; i < g.size(); ++i) g[i] += tie_scratch_[i];
+        add_into(g, tie_scratch_);
       }
     }
     z_->grad_ready(emb_layer());
   }
 
   //! The optimizer's step, then the new token embedding to the last chunk's copy.
-  zero::step_result step() {
-    auto r = z_->step();
+  step_outcome step() override {
+    const auto r = z_->step();
     for (auto& ch : chunks_mine_) ch.backwards = 0;
     if (chunks_ > 1) {
       if (owns(0)) {
-        std::span<const float> w = z_->parameters(wte_h_);
-        if (owns(chunks_ - 1)) std::copy(w.begin(), w.end(), wte_copy_.span().begin());
-        else pipe_->send(w, (chunks_ - 1) % p_);
+        std::span<const half_type> w = z_->parameters(wte_h_);
+        if (owns(chunks_ - 1)) {
+          std::transform(w.begin(), w.end(), wte_copy_.span().begin(), [](half_type v) { return static_cast<float>(v); });
+        } else if constexpr (full) {
+          pipe_->send(w, (chunks_ - 1) % p_);
+        } else {
+          tie_scratch_.resize(w.size());
+          std::transform(w.begin(), w.end(), tie_scratch_.begin(), [](half_type v) { return static_cast<float>(v); });
+          pipe_->send(std::span<const float>(tie_scratch_), (chunks_ - 1) % p_);
+        }
         z_->release(emb_layer());
       } else if (owns(chunks_ - 1)) {
         pipe_->recv(wte_copy_.span(), 0);
       }
     }
-    return r;
+    return {r.grad_norm, r.applied};
   }
 
   //! Forward only (validation): micro-batch `mb` of the batches set, nothing kept.
@@ -401,7 +448,9 @@ class gpt_rank final : public chunk_runner {
     std::map<std::string, std::vector<float>> out;
     for (const auto& name : names()) {
       const auto v = z_->parameter(name);
-      out.emplace(name, std::vector<float>(v.begin(), v.end()));
+      std::vector<float> f(v.size());
+      std::transform(v.begin(), v.end(), f.begin(), [](auto x) { return static_cast<float>(x); });
+      out.emplace(name, std::move(f));
     }
     return out;
   }
@@ -480,14 +529,57 @@ class gpt_rank final : public chunk_runner {
     return out;
   }
 
+  // Float views of the optimizer's tensors. In fp32 they are its own spans. Otherwise a
+  // parameter is converted into `arena` at `at` (valid until the arena is used again), and a
+  // gradient view is zeroed float scratch that commit() adds into the half gradients.
+  std::span<const float> param_view(trident::tensor_handle h, std::vector<float>& arena, std::size_t& at) {
+    std::span<const half_type> p = z_->parameters(h);
+    if constexpr (full) {
+      return p;
+    } else {
+      TRIDENT_EXPECT(at + p.size() <= arena.size(), "gpt: internal: a scratch arena of ", arena.size(), " floats is too small");
+      float* out = arena.data() + at;
+      for (std::size_t i = 0; i < p.size(); ++i) out[i] = static_cast<float>(p[i]);
+      at += p.size();
+      return {out, p.size()};
+    }
+  }
+  std::span<float> grad_view(trident::tensor_handle h, std::vector<float>& arena, std::size_t& at) {
+    std::span<half_type> g = z_->gradients(h);
+    if constexpr (full) {
+      return g;
+    } else {
+      TRIDENT_EXPECT(at + g.size() <= arena.size(), "gpt: internal: a scratch arena of ", arena.size(), " floats is too small");
+      std::span<float> out(arena.data() + at, g.size());
+      std::fill(out.begin(), out.end(), 0.0f);
+      at += g.size();
+      pending_.push_back({g, out});
+      return out;
+    }
+  }
+  // Adds the float gradients of the views handed out since the last commit to the half ones.
+  void commit() {
+    for (auto& [half, f] : pending_) add_into(half, f);
+    pending_.clear();
+  }
+  static void add_into(std::span<half_type> g, std::span<const float> add) {
+    if constexpr (full) {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] += add[i];
+    } else {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<half_type>(static_cast<float>(g[i]) + add[i]);
+    }
+  }
+
   tensor::block_tensors<const float> weights(chunk& ch, std::size_t l) {
     std::array<std::span<const float>, 12> s;
-    for (std::size_t i = 0; i < 12; ++i) s[i] = z_->parameters(ch.handles[l * 12 + i]);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < 12; ++i) s[i] = param_view(ch.handles[l * 12 + i], weights_, at);
     return tensor::block_tensors<const float>::from(s);
   }
   tensor::block_tensors<float> gradients(chunk& ch, std::size_t l) {
     std::array<std::span<float>, 12> s;
-    for (std::size_t i = 0; i < 12; ++i) s[i] = z_->gradients(ch.handles[l * 12 + i]);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < 12; ++i) s[i] = grad_view(ch.handles[l * 12 + i], grads_, at);
     return tensor::block_tensors<float>::from(s);
   }
 
@@ -506,7 +598,8 @@ class gpt_rank final : public chunk_runner {
   // x [rows, hidden] = wte[tokens] + wpe[position]; under sequence parallelism this rank's rows.
   void embed(chunk& ch, int mb, std::span<float> x) {
     const auto tokens = tokens_of(batches().inputs, mb, "input tokens");
-    std::span<const float> w = z_->parameters(wte_h_), pos = z_->parameters(wpe_h_);
+    std::size_t at = 0;
+    std::span<const float> w = param_view(wte_h_, emb_w_, at), pos = param_view(wpe_h_, emb_w_, at);
     const std::size_t h = c_.hidden, rows = local_rows();
     std::size_t first_row = 0;
     if (c_.sequence_parallel) {
@@ -532,21 +625,25 @@ class gpt_rank final : public chunk_runner {
       tensor::reduce_scatter_to_sequence::backward(*tp_, dx, std::span<float>(whole_));  // all-gather
       whole = whole_;
     }
-    std::span<float> gw = z_->gradients(wte_h_), gp = z_->gradients(wpe_h_);
+    std::size_t at = 0;
+    std::span<float> gw = grad_view(wte_h_, emb_g_, at), gp = grad_view(wpe_h_, emb_g_, at);
     wte_.backward(*tp_, tokens, whole, gw);
     for (std::size_t r = 0; r < n; ++r) {
       float* p = gp.data() + r / batch_ * h;
       const float* row = whole.data() + r * h;
       for (std::size_t j = 0; j < h; ++j) p[j] += row[j];
     }
+    commit();
   }
 
   std::span<const float> head_weight() {
-    if (chunks_ == 1) return z_->parameters(wte_h_);
+    std::size_t at = 0;
+    if (chunks_ == 1) return param_view(wte_h_, head_w_, at);
     return wte_copy_.span();
   }
   std::span<float> head_gradient() {
-    if (chunks_ == 1) return z_->gradients(wte_h_);
+    std::size_t at = 0;
+    if (chunks_ == 1) return grad_view(wte_h_, head_g_, at);
     return head_grad_.span();
   }
 
@@ -557,7 +654,9 @@ class gpt_rank final : public chunk_runner {
     const std::size_t rows = local_rows(), n = c_.seq * batch_, h = c_.hidden;
     const trident::nn::layer_norm ln{h, c_.eps};
     std::copy(y.begin(), y.end(), f.x.span().begin());
-    ln.forward(rows, y, z_->parameters(lnf_w_), z_->parameters(lnf_b_), f.out.span(), f.mean.span(), f.rstd.span());
+    std::size_t at = 0;
+    const auto lnw = param_view(lnf_w_, lnf_w_scratch_, at), lnb = param_view(lnf_b_, lnf_w_scratch_, at);
+    ln.forward(rows, y, lnw, lnb, f.out.span(), f.mean.span(), f.rstd.span());
     std::span<const float> in = f.out.span();
     if (c_.sequence_parallel) {
       whole_.resize(n * h);
@@ -585,20 +684,23 @@ class gpt_rank final : public chunk_runner {
     } else {
       head_.backward(*tp_, n, f.out.span(), head_weight(), f.logits.span(), d_out_, head_gradient(), {});
     }
-    std::span<float> gw = z_->gradients(lnf_w_), gb = z_->gradients(lnf_b_);
+    std::size_t at = 0, gat = 0;
+    const auto lnw = param_view(lnf_w_, lnf_w_scratch_, at);
+    std::span<float> gw = grad_view(lnf_w_, lnf_g_, gat), gb = grad_view(lnf_b_, lnf_g_, gat);
     if (c_.sequence_parallel) {
       // This rank's rows only: the norm's gradients are summed over the group.
       norms_.assign(2 * h, 0.0f);
-      ln.backward(rows, f.x.span(), z_->parameters(lnf_w_), f.mean.span(), f.rstd.span(), d_out_, dy,
-                  std::span<float>(norms_).first(h), std::span<float>(norms_).last(h));
+      ln.backward(rows, f.x.span(), lnw, f.mean.span(), f.rstd.span(), d_out_, dy, std::span<float>(norms_).first(h),
+                  std::span<float>(norms_).last(h));
       tp_->all_reduce(norms_, trident::reduce_op::sum);
       for (std::size_t j = 0; j < h; ++j) {
         gw[j] += norms_[j];
         gb[j] += norms_[h + j];
       }
     } else {
-      ln.backward(rows, f.x.span(), z_->parameters(lnf_w_), f.mean.span(), f.rstd.span(), d_out_, dy, gw, gb);
+      ln.backward(rows, f.x.span(), lnw, f.mean.span(), f.rstd.span(), d_out_, dy, gw, gb);
     }
+    commit();  // the head's gradient (one chunk) and the final norm's
     z_->release(ch.final_layer);
     if (chunks_ == 1) z_->release(emb_layer());
     z_->grad_ready(ch.final_layer);
@@ -620,6 +722,10 @@ class gpt_rank final : public chunk_runner {
   trident::buffer<float, trident::host_space> wte_copy_, head_grad_;
   std::vector<float> tie_scratch_;
   std::vector<float> whole_, partial_, d_out_, norms_;  // scratch
+  // Mixed precision: float views of half weights and gradients (param_view, grad_view).
+  std::size_t block_arena_ = 0;
+  std::vector<float> weights_, grads_, emb_w_, emb_g_, head_w_, head_g_, lnf_w_scratch_, lnf_g_;
+  std::vector<std::pair<std::span<half_type>, std::span<float>>> pending_;
   const step_batches* batches_ = nullptr;
 };
 

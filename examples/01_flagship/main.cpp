@@ -47,9 +47,11 @@ struct settings {
   std::string out = "build/flagship";   // loss.csv, loss.svg, trace.json
   std::string loss_csv, loss_svg;       // from a config, else in `out`
   flagship::train_options train;
+  std::string precision = "fp32";  // fp32, bf16, fp16
   long warmup = 20;
   double min_lr_ratio = 0.1;
   std::vector<std::string> ignored;  // DeepSpeed keys of the config that trident does not use
+  std::string trace;                 // from a config, else DIR/trace.json
 };
 
 constexpr const char* usage = R"(usage: flagship [options]
@@ -58,6 +60,7 @@ constexpr const char* usage = R"(usage: flagship [options]
   --config FILE          a DeepSpeed config with a "trident" section (examples/01_flagship/configs);
                          the options below override it
   --tensor T --pipeline P --virtual V --schedule gpipe|1f1b|interleaved --zero 0..3
+  --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --data PREFIX          shards PREFIX_train.bin and PREFIX_val.bin (default build/data/kjv,
@@ -75,7 +78,7 @@ arguments collect(int argc, char** argv) {
   static const std::vector<std::string> flags{"--sequence-parallel"};
   static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
                                                "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
-                                               "--seed", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
+                                               "--seed", "--precision", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
                                                "--trace-step", "--out"};
   arguments out;
   for (int i = 1; i < argc; ++i) {
@@ -150,9 +153,6 @@ void default_schedule(settings& s) {
 void from_config(settings& s, const std::string& path, int world_size) {
   const auto c = flagship::load_config(path, world_size);
   flagship::check_layout(c, world_size);
-  TRIDENT_EXPECT(c.precision == flagship::precision_kind::fp32, "flagship: ", path, " enables ",
-                 c.precision == flagship::precision_kind::bf16 ? "bf16" : "fp16",
-                 "; the host path trains in fp32 for now (set \"enabled\": false, or leave the section out)");
   TRIDENT_EXPECT(c.optimizer.decoupled_weight_decay || c.optimizer.weight_decay == 0.0f, "flagship: ", path,
                  " asks for Adam with L2 weight decay (adam_w_mode false); the trainer is compiled with AdamW");
   auto& o = s.train;
@@ -176,6 +176,22 @@ void from_config(settings& s, const std::string& path, int world_size) {
   o.eval_every = static_cast<long>(t.eval_every);
   o.eval_batches = t.eval_batches;
   o.seed = t.seed;
+  if (c.precision == flagship::precision_kind::bf16) s.precision = "bf16";
+  if (c.precision == flagship::precision_kind::fp16) {
+    s.precision = "fp16";
+    auto& d = o.dynamic_scaler;
+    if (c.fp16.loss_scale == 0) {
+      d.initial_scale = std::ldexp(1.0, c.fp16.initial_scale_power);
+      d.window = c.fp16.loss_scale_window;
+      d.hysteresis = c.fp16.hysteresis;
+      d.consecutive_hysteresis = c.fp16.consecutive_hysteresis;
+      d.min_scale = c.fp16.min_loss_scale;
+    } else {  // a fixed scale: it can neither grow nor shrink, and overflowing steps are skipped
+      d.initial_scale = d.min_scale = d.max_scale = c.fp16.loss_scale;
+      d.raise_error_at_min_scale = false;
+    }
+  }
+  if (!t.trace.empty()) s.trace = t.trace;
   namespace optim = trident::optim;
   const auto& sc = c.scheduler;
   const auto kind = sc.warmup_type == "linear" ? optim::warmup_kind::linear : optim::warmup_kind::log;
@@ -202,6 +218,14 @@ void from_config(settings& s, const std::string& path, int world_size) {
   s.loss_csv = t.loss_csv;
   s.loss_svg = t.loss_svg;
   s.ignored = c.ignored;
+}
+
+// The precision named at run time, as the compiled instantiation of train.
+template <class F>
+void with_precision(const std::string& name, F&& f) {
+  if (name == "bf16") f(trident::mixed_precision<trident::bf16>{});
+  else if (name == "fp16") f(trident::mixed_precision<trident::fp16>{});
+  else f(trident::full_precision{});
 }
 
 // Defaults, then the config, then the command line.
@@ -233,6 +257,7 @@ settings build(const arguments& args, int world_size) {
       schedule_given = false;
     } else if (a == "--clip") o.max_grad_norm = real(a, v);
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(a, v));
+    else if (a == "--precision") s.precision = v;
     else if (a == "--layers") o.model.layers = static_cast<std::size_t>(integer(a, v));
     else if (a == "--hidden") o.model.hidden = static_cast<std::size_t>(integer(a, v));
     else if (a == "--heads") o.model.heads = static_cast<std::size_t>(integer(a, v));
@@ -247,6 +272,8 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--out") s.out = v;
   }
   if (!schedule_given) default_schedule(s);
+  TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16" || s.precision == "fp16",
+                 "flagship: --precision ", s.precision, "; expected fp32, bf16 or fp16");
   return s;
 }
 
@@ -258,25 +285,25 @@ void require_data(settings& s) {
     TRIDENT_EXPECT(std::filesystem::exists(f), "flagship: the data file '", f, "' does not exist; make it with "
                    "`python3 scripts/prepare_data.py --out build/data` or name your shards with --data PREFIX");
   std::filesystem::create_directories(s.out);
-  o.trace_file = s.out + "/trace.json";
+  o.trace_file = s.trace.empty() ? s.out + "/trace.json" : s.trace;
   if (s.loss_csv.empty()) s.loss_csv = s.out + "/loss.csv";
   if (s.loss_svg.empty()) s.loss_svg = s.out + "/loss.svg";
 }
 
 // Trains on `world`; rank 0 prints the progress and writes the curve.
-template <class Comm>
+template <class Precision, class Comm>
 void run(Comm& world, const settings& s, double peak_flops) {
   const auto& o = s.train;
   const bool speaker = world.rank() == 0;
   const int d = world.size() / (o.tensor * o.pipeline);
   if (speaker)
     std::printf("trident %s flagship: GPT %zu layers, hidden %zu, %zu heads, seq %zu, vocab %zu = %.2fM parameters\n"
-                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, fp32\n"
+                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s\n"
                 "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, warm-up %ld, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
                 static_cast<double>(o.model.parameters()) / 1e6, world.size(), s.backend == "mpi" ? "MPI" : "thread", d, o.tensor,
                 o.pipeline, o.model.sequence_parallel ? " + sequence parallel" : "", o.pipeline * o.virtual_stages,
-                o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, d * o.accumulation, o.micro_batch,
+                o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, s.precision.c_str(), d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
                 static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {
@@ -286,7 +313,8 @@ void run(Comm& world, const settings& s, double peak_flops) {
   }
   flagship::progress bar{o.steps, o.model.flops_per_token(), peak_flops};
   const bool tty = isatty(STDOUT_FILENO) != 0;
-  const auto reports = flagship::train(world, o, [&](const flagship::step_report& r) {
+  const bool scaled = s.precision.starts_with("fp16");
+  const auto reports = flagship::train<Precision>(world, o, [&](const flagship::step_report& r) {
     if (r.step == 1) {  // memory by category once everything is allocated, rank after rank
       for (int k = 0; k < world.size(); ++k) {
         if (k == world.rank()) {
@@ -297,6 +325,7 @@ void run(Comm& world, const settings& s, double peak_flops) {
       }
     }
     if (!speaker) return;
+    if (scaled) bar.loss_scale = std::to_string(static_cast<long long>(r.loss_scale));
     const std::string line = bar.line(r);
     const bool keep = !tty || r.step == o.steps || !std::isnan(r.val_loss) || r.step % 25 == 0;
     std::printf(tty ? "\r\033[K%s%s" : "%s%s", line.c_str(), keep ? "\n" : "");
@@ -307,8 +336,8 @@ void run(Comm& world, const settings& s, double peak_flops) {
   const auto& svg = s.loss_svg;
   flagship::write_loss_csv(csv, reports);
   char title[160];
-  std::snprintf(title, sizeof title, "GPT %zu x %zu on (d, t, p) = (%d, %d, %d), ZeRO-%d", o.model.layers, o.model.hidden, d, o.tensor,
-                o.pipeline, o.zero_stage);
+  std::snprintf(title, sizeof title, "GPT %zu x %zu on (d, t, p) = (%d, %d, %d), ZeRO-%d, %s", o.model.layers, o.model.hidden, d,
+                o.tensor, o.pipeline, o.zero_stage, s.precision.c_str());
   flagship::write_loss_svg(svg, reports, title);
   std::printf("loss %.4f -> %.4f over %ld steps; curve in %s and %s", reports.front().loss, reports.back().loss, o.steps,
               csv.c_str(), svg.c_str());
@@ -330,7 +359,9 @@ int main(int argc, char** argv) {
       auto s = build(args, ranks);
       require_data(s);
       const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(ranks));
-      trident::local_world::run(ranks, [&](trident::local_comm& world) { run(world, s, peak); });
+      with_precision(s.precision, [&](auto precision) {
+        trident::local_world::run(ranks, [&](trident::local_comm& world) { run<decltype(precision)>(world, s, peak); });
+      });
       return 0;
     }
 #if TRIDENT_HAS_MPI
@@ -340,7 +371,7 @@ int main(int argc, char** argv) {
       auto s = build(args, world.size());
       require_data(s);
       const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(world.size()));
-      run(world, s, peak);
+      with_precision(s.precision, [&](auto precision) { run<decltype(precision)>(world, s, peak); });
       return 0;
     }
 #endif

@@ -27,6 +27,7 @@
 #include <optional>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,8 @@
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/pipeline/pipeline.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"
+#include "trident/precision/loss_scaler.hpp"
+#include "trident/precision/mixed_precision.hpp"
 
 namespace flagship {
 
@@ -75,6 +78,10 @@ struct train_options {
   std::uint64_t seed = 1234;
   long trace_step = 0;      // this step's timeline goes to trace_file (Chrome trace); 0: none
   std::string trace_file;
+  //! fp16's loss scaling (train<mixed_precision<fp16>>): DeepSpeed's dynamic scaler. A fixed
+  //! scale S (DeepSpeed's "loss_scale": S) is the same scaler with initial, minimum and maximum S
+  //! and no error at the minimum: overflowing steps are still skipped.
+  trident::dynamic_loss_scaler::options dynamic_scaler;
 };
 
 struct step_report {
@@ -82,7 +89,8 @@ struct step_report {
   double loss = 0;               // mean over the step's tokens
   double lr = 0;
   double grad_norm = 0;          // before clipping
-  bool applied = true;
+  bool applied = true;           // false: skipped (an overflow in fp16)
+  double loss_scale = 1;         // the scale this step's gradients were computed with
   double seconds = 0;            // wall time of the step (data, forward, backward, step)
   double tokens = 0;             // tokens of the step, every rank's
   double val_loss = std::numeric_limits<double>::quiet_NaN();  // when validated after this step
@@ -170,21 +178,13 @@ double share_from_last_stage(trident::process_grid<Comm>& grid, double value, bo
   return v[0];
 }
 
-template <int Stage, std::size_t N, class Comm>
-std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
-                             const std::function<void(const step_report&)>& on_step) {
+// The training loop: compiled once per stage count N (the model behind chunk_runner).
+template <std::size_t N, class Comm>
+std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
+                              const std::function<void(const step_report&)>& on_step, chunk_runner& rank,
+                              const optimizer_type& opt) {
   namespace pp = trident::pipeline;
   const int p = grid.pipeline().size(), d = grid.data().size(), m = o.accumulation;
-  optimizer_type opt;
-  opt.opt = o.adamw;
-  const double base_lr = o.adamw.lr;
-  opt.schedule.f = o.lr ? o.lr : std::function<double(std::int64_t)>([base_lr](std::int64_t) { return base_lr; });
-  trident::zero::zero_options zo;
-  zo.bucket_bytes = o.bucket_elements * sizeof(float);
-  zo.first_bucket_bytes = o.first_bucket_elements * sizeof(float);
-  zo.persistence_threshold = o.persistence_threshold;
-  zo.max_grad_norm = o.max_grad_norm;
-  gpt_rank<Stage, Comm, optimizer_type> rank(grid, o.model, static_cast<int>(N), m, o.micro_batch, opt, zo, o.seed);
   pp::uniform_pipeline<gpt_stage, N> pipe(grid.pipeline(), [&](auto k) { return gpt_stage(rank, static_cast<int>(k)); });
   const auto schedule = make_schedule(o.schedule, p, m, static_cast<int>(N) / p);
 
@@ -220,9 +220,11 @@ std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, con
       for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
     }
     rank.set_batches(&batches);
+    // Each micro-batch's loss weighs 1 / m in the step, times fp16's loss scale.
+    const float scale = rank.loss_scale();
     const auto r = pipe.run(grid.pipeline(), schedule, [&](int) -> const std::vector<float>& { return unused; },
                             [&](const std::vector<float>& y, int, std::vector<float>& dy) {
-                              dy[0] = 1.0f / static_cast<float>(m);
+                              dy[0] = scale / static_cast<float>(m);
                               return static_cast<double>(y[0]);
                             });
     {
@@ -239,6 +241,7 @@ std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, con
     rep.lr = opt.schedule(s);
     rep.grad_norm = result.grad_norm;
     rep.applied = result.applied;
+    rep.loss_scale = scale;
     rep.tokens = tokens;
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (val && s % o.eval_every == 0) {
@@ -274,11 +277,38 @@ std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, con
   return reports;
 }
 
+// The model of a ZeRO stage and precision, then the loop for its stage count.
+template <int Stage, class Precision, class Comm>
+std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
+                             const std::function<void(const step_report&)>& on_step) {
+  optimizer_type opt;
+  opt.opt = o.adamw;
+  const double base_lr = o.adamw.lr;
+  opt.schedule.f = o.lr ? o.lr : std::function<double(std::int64_t)>([base_lr](std::int64_t) { return base_lr; });
+  trident::zero::zero_options zo;
+  zo.bucket_bytes = o.bucket_elements * sizeof(float);
+  zo.first_bucket_bytes = o.first_bucket_elements * sizeof(float);
+  zo.persistence_threshold = o.persistence_threshold;
+  zo.max_grad_norm = o.max_grad_norm;
+  using scaler_type = typename Precision::scaler_type;
+  scaler_type scaler = [&] {
+    if constexpr (std::is_same_v<scaler_type, trident::dynamic_loss_scaler>) return scaler_type(o.dynamic_scaler);
+    else return scaler_type{};
+  }();
+  const int chunks = o.pipeline * o.virtual_stages;
+  gpt_rank<Stage, Comm, optimizer_type, Precision> rank(grid, o.model, chunks, o.accumulation, o.micro_batch, opt, zo, o.seed, scaler);
+  std::vector<step_report> out;
+  with_stage_count(chunks, [&](auto n) { out = loop<decltype(n)::value>(world, grid, o, on_step, rank, opt); });
+  return out;
+}
+
 }  // namespace detail
 
 //! Trains the model on `world` (collective: every rank calls it with the same options) and
 //! returns every step's report (the same on every rank). on_step sees each report as it comes.
-template <trident::communicator Comm>
+//! Precision: full_precision (fp32), or mixed_precision<bf16> / <fp16> (a type: each is its
+//! own instantiation, so a program compiles the ones it offers).
+template <class Precision = trident::full_precision, trident::communicator Comm>
 std::vector<step_report> train(Comm& world, const train_options& o, const std::function<void(const step_report&)>& on_step = {}) {
   TRIDENT_EXPECT(o.tensor >= 1 && o.pipeline >= 1 && o.virtual_stages >= 1, "train: tensor ", o.tensor, ", pipeline ", o.pipeline,
                  ", virtual_stages ", o.virtual_stages, "; expected all at least 1");
@@ -291,9 +321,7 @@ std::vector<step_report> train(Comm& world, const train_options& o, const std::f
   trident::process_grid grid(world, o.tensor, o.pipeline);
   std::vector<step_report> out;
   detail::with_zero_stage(o.zero_stage, [&](auto stage) {
-    detail::with_stage_count(o.pipeline * o.virtual_stages, [&](auto n) {
-      out = detail::run<decltype(stage)::value, decltype(n)::value>(world, grid, o, on_step);
-    });
+    out = detail::run<decltype(stage)::value, Precision>(world, grid, o, on_step);
   });
   return out;
 }
