@@ -21,6 +21,7 @@
 #include "trident/core/error.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/gemm.hpp"
+#include "trident/optim/host_simd.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
 
@@ -204,6 +205,40 @@ TEST_CASE("gemm is deterministic: the same bits on every call and on every threa
     });
   for (auto& t : threads) t.join();
   for (const auto& r : results) CHECK(r == first);
+}
+
+TEST_CASE("gemm: the AVX2 and AVX-512 paths give the portable path's bits (every op pair, odd sizes, block edges)") {
+  namespace simd = trident::optim::detail;
+  struct shape {
+    std::size_t m, n, k;
+  };
+  const shape shapes[] = {{1, 1, 1}, {7, 13, 5}, {65, 33, 17}, {3, 17, 9}, {70, 515, 300}, {9, 1030, 40}};
+  std::uint32_t seed = 100;
+  int compared = 0;
+  for (const auto [m, n, k] : shapes)
+    for (const op op_a : {op::n, op::t})
+      for (const op op_b : {op::n, op::t})
+        for (const float beta : {0.0f, -0.5f}) {
+          const std::size_t lda = (op_a == op::n ? k : m) + 1, ldb = (op_b == op::n ? n : k) + 2, ldc = n + 1;
+          const auto a = random_vector((op_a == op::n ? m : k) * lda, seed++);
+          const auto b = random_vector((op_b == op::n ? k : n) * ldb, seed++);
+          const auto c0 = random_vector(m * ldc, seed++);
+          auto run = [&](simd::host_isa isa) {
+            REQUIRE(simd::force_host_isa(isa));
+            auto c = c0;
+            nn::gemm(op_a, op_b, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            simd::unforce_host_isa();
+            return c;
+          };
+          const auto portable = run(simd::host_isa::portable);
+          for (const auto isa : {simd::host_isa::avx2, simd::host_isa::avx512}) {
+            if (static_cast<int>(isa) > static_cast<int>(simd::detected_host_isa())) continue;  // this CPU lacks it
+            INFO("isa ", static_cast<int>(isa), " m=", m, " n=", n, " k=", k, " beta=", beta);
+            CHECK(run(isa) == portable);
+            ++compared;
+          }
+        }
+  MESSAGE("wide paths compared with the portable one: ", compared, " (0: this CPU has neither AVX2 nor AVX-512)");
 }
 
 // ---- linear --------------------------------------------------------------------------------------

@@ -15,8 +15,16 @@
 // updated with fixed-length inner loops that compilers vectorise — so it runs at several GFLOP/s
 // for the small MLPs of the tests, without any intrinsics.
 //
+// Width: the build targets plain x86-64 (SSE2). The same templates are also compiled for AVX2
+// and AVX-512F (__attribute__((target)), a wider register tile) and the widest this CPU runs is
+// chosen at run time, as the optimizer's host step does (optim/host_simd.hpp: its detection
+// and force_host_isa serve both).
+//
 // Determinism: one thread, and every element of C is summed in one fixed order that depends only
-// on k (in order within each kc block, blocks added in order), never on machine or thread count.
+// on k (in order within each kc block, blocks added in order), never on machine, vector width or
+// thread count: the wider paths vectorise across columns, never across the sum, and FMA
+// contraction is off (a fused multiply-add rounds once where the portable code rounds twice), so
+// every path gives the same bits (nn.host checks it).
 //
 // Opting in to a BLAS: define TRIDENT_HAS_CBLAS=1 and link a CBLAS (the test target
 // trident_test_blas does both with OpenBLAS). Results are then the BLAS's: OpenBLAS is run-to-run
@@ -27,6 +35,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <vector>
+
+#include "trident/optim/host_simd.hpp"
 
 #if !defined(TRIDENT_HAS_CBLAS)
 #define TRIDENT_HAS_CBLAS 0
@@ -49,52 +59,67 @@ namespace detail {
 
 // Register tile and cache blocks. mr x nr = 4 x 8 floats of accumulators fit the 16 SSE or AVX
 // registers with room for the B row and A broadcasts; a kc x nc panel of B (256 x 512 floats,
-// 512 KiB) stays in L2, an mc x kc panel of A (64 x 256, 64 KiB) in L1/L2.
+// 512 KiB) stays in L2, an mc x kc panel of A (64 x 256, 64 KiB) in L1/L2. The AVX2 path takes
+// 4 x 16 (8 of its 16 ymm registers), the AVX-512 path 8 x 32 (16 of 32 zmm): the fastest of
+// the tiles tried on a 1024 x 512 x 128 product (bench/RESULTS.md).
 inline constexpr std::size_t gemm_mr = 4;
 inline constexpr std::size_t gemm_nr = 8;
 inline constexpr std::size_t gemm_mc = 64;
 inline constexpr std::size_t gemm_kc = 256;
 inline constexpr std::size_t gemm_nc = 512;
 
-// Packs op(A)[i0 : i0+mc, p0 : p0+kc] as micro-panels of mr rows: panel[p * mr + r].
+// No FMA contraction in the kernels (GCC contracts a * b + c under -ffp-contract=fast, the
+// GNU-mode default, when the target has FMA, which AVX-512F implies): the code below, and what
+// is inlined into it, keeps one rounding per operation on every path.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+// Packs op(A)[i0 : i0+mc, p0 : p0+kc] as micro-panels of MR rows: panel[p * MR + r].
 // Rows past m are zero, so the kernel never branches; those accumulators are never stored.
+template <std::size_t MR>
 inline void pack_a(const float* a, std::size_t row_stride, std::size_t col_stride, std::size_t rows,
                    std::size_t depth, float* out) {
-  for (std::size_t i = 0; i < rows; i += gemm_mr) {
-    const std::size_t live = std::min(gemm_mr, rows - i);
+  for (std::size_t i = 0; i < rows; i += MR) {
+    const std::size_t live = std::min(MR, rows - i);
     for (std::size_t p = 0; p < depth; ++p) {
       std::size_t r = 0;
-      for (; r < live; ++r) out[p * gemm_mr + r] = a[(i + r) * row_stride + p * col_stride];
-      for (; r < gemm_mr; ++r) out[p * gemm_mr + r] = 0.0f;
+      for (; r < live; ++r) out[p * MR + r] = a[(i + r) * row_stride + p * col_stride];
+      for (; r < MR; ++r) out[p * MR + r] = 0.0f;
     }
-    out += depth * gemm_mr;
+    out += depth * MR;
   }
 }
 
-// Packs op(B)[p0 : p0+kc, j0 : j0+nc] as micro-panels of nr columns: panel[p * nr + j].
+// Packs op(B)[p0 : p0+kc, j0 : j0+nc] as micro-panels of NR columns: panel[p * NR + j].
+template <std::size_t NR>
 inline void pack_b(const float* b, std::size_t row_stride, std::size_t col_stride, std::size_t depth,
                    std::size_t cols, float* out) {
-  for (std::size_t j = 0; j < cols; j += gemm_nr) {
-    const std::size_t live = std::min(gemm_nr, cols - j);
+  for (std::size_t j = 0; j < cols; j += NR) {
+    const std::size_t live = std::min(NR, cols - j);
     for (std::size_t p = 0; p < depth; ++p) {
       std::size_t c = 0;
-      for (; c < live; ++c) out[p * gemm_nr + c] = b[p * row_stride + (j + c) * col_stride];
-      for (; c < gemm_nr; ++c) out[p * gemm_nr + c] = 0.0f;
+      for (; c < live; ++c) out[p * NR + c] = b[p * row_stride + (j + c) * col_stride];
+      for (; c < NR; ++c) out[p * NR + c] = 0.0f;
     }
-    out += depth * gemm_nr;
+    out += depth * NR;
   }
 }
 
 // acc = A-panel x B-panel over `depth`, then C = alpha * acc + beta * C for the live part
-// (`first` is whether this is the first kc block: only then does beta apply).
-inline void micro_kernel(std::size_t depth, const float* a, const float* b, float alpha, float beta, bool first,
-                         float* c, std::size_t ldc, std::size_t rows, std::size_t cols) {
-  float acc[gemm_mr][gemm_nr] = {};
+// (`first` is whether this is the first kc block: only then does beta apply). Always inlined,
+// so that it is compiled for the target of the path that calls it.
+template <std::size_t MR, std::size_t NR>
+__attribute__((always_inline)) inline void micro_kernel(std::size_t depth, const float* a, const float* b, float alpha,
+                                                        float beta, bool first, float* c, std::size_t ldc, std::size_t rows,
+                                                        std::size_t cols) {
+  float acc[MR][NR] = {};
   for (std::size_t p = 0; p < depth; ++p) {
-    const float* bp = b + p * gemm_nr;
-    const float* ap = a + p * gemm_mr;
-    for (std::size_t r = 0; r < gemm_mr; ++r)
-      for (std::size_t j = 0; j < gemm_nr; ++j) acc[r][j] += ap[r] * bp[j];
+    const float* bp = b + p * NR;
+    const float* ap = a + p * MR;
+    for (std::size_t r = 0; r < MR; ++r)
+      for (std::size_t j = 0; j < NR; ++j) acc[r][j] += ap[r] * bp[j];
   }
   for (std::size_t r = 0; r < rows; ++r) {
     float* row = c + r * ldc;
@@ -107,31 +132,68 @@ inline void micro_kernel(std::size_t depth, const float* a, const float* b, floa
   }
 }
 
-inline void gemm_blocked(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-                         std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+template <std::size_t MR, std::size_t NR>
+__attribute__((always_inline)) inline void gemm_blocked(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
+                                                        float alpha, const float* a, std::size_t lda, const float* b,
+                                                        std::size_t ldb, float beta, float* c, std::size_t ldc) {
   // Element (i, p) of op(A) is a[i * a_row + p * a_col]; likewise for B.
   const std::size_t a_row = op_a == op::n ? lda : 1, a_col = op_a == op::n ? 1 : lda;
   const std::size_t b_row = op_b == op::n ? ldb : 1, b_col = op_b == op::n ? 1 : ldb;
   // Per-thread workspace, kept between calls: tests call gemm thousands of times.
   thread_local std::vector<float> a_pack, b_pack;
   a_pack.resize(gemm_mc * gemm_kc);
-  b_pack.resize(gemm_kc * ((std::min(n, gemm_nc) + gemm_nr - 1) / gemm_nr * gemm_nr));
+  b_pack.resize(gemm_kc * ((std::min(n, gemm_nc) + NR - 1) / NR * NR));
 
   for (std::size_t j0 = 0; j0 < n; j0 += gemm_nc) {
     const std::size_t nc = std::min(gemm_nc, n - j0);
     for (std::size_t p0 = 0; p0 < k; p0 += gemm_kc) {
       const std::size_t kc = std::min(gemm_kc, k - p0);
-      pack_b(b + p0 * b_row + j0 * b_col, b_row, b_col, kc, nc, b_pack.data());
+      pack_b<NR>(b + p0 * b_row + j0 * b_col, b_row, b_col, kc, nc, b_pack.data());
       for (std::size_t i0 = 0; i0 < m; i0 += gemm_mc) {
         const std::size_t mc = std::min(gemm_mc, m - i0);
-        pack_a(a + i0 * a_row + p0 * a_col, a_row, a_col, mc, kc, a_pack.data());
-        for (std::size_t j = 0; j < nc; j += gemm_nr)
-          for (std::size_t i = 0; i < mc; i += gemm_mr)
-            micro_kernel(kc, a_pack.data() + i * kc, b_pack.data() + j * kc, alpha, beta, p0 == 0,
-                         c + (i0 + i) * ldc + j0 + j, ldc, std::min(gemm_mr, mc - i), std::min(gemm_nr, nc - j));
+        pack_a<MR>(a + i0 * a_row + p0 * a_col, a_row, a_col, mc, kc, a_pack.data());
+        for (std::size_t j = 0; j < nc; j += NR)
+          for (std::size_t i = 0; i < mc; i += MR)
+            micro_kernel<MR, NR>(kc, a_pack.data() + i * kc, b_pack.data() + j * kc, alpha, beta, p0 == 0,
+                                 c + (i0 + i) * ldc + j0 + j, ldc, std::min(MR, mc - i), std::min(NR, nc - j));
       }
     }
   }
+}
+
+inline void gemm_portable(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                          std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  gemm_blocked<gemm_mr, gemm_nr>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+__attribute__((target("avx2"))) inline void gemm_avx2(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                                                      const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                                                      float beta, float* c, std::size_t ldc) {
+  gemm_blocked<4, 16>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+__attribute__((target("avx512f"))) inline void gemm_avx512(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
+                                                           float alpha, const float* a, std::size_t lda, const float* b,
+                                                           std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  gemm_blocked<8, 32>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC pop_options
+#endif
+
+// The widest path this CPU runs (optim::detail::active_host_isa, which tests can force).
+inline void gemm_dispatch(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                          std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+  switch (trident::optim::detail::active_host_isa()) {
+    case trident::optim::detail::host_isa::avx512: gemm_avx512(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); return;
+    case trident::optim::detail::host_isa::avx2: gemm_avx2(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); return;
+    default: break;
+  }
+#endif
+  gemm_portable(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace detail
@@ -158,7 +220,7 @@ inline void gemm(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, 
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 #else
-  detail::gemm_blocked(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  detail::gemm_dispatch(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
 }
 
