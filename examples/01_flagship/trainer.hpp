@@ -3,9 +3,10 @@
 // process grid, ZeRO 0-3 on the data axis, AdamW with a learning-rate schedule, gradient
 // accumulation, global-norm clipping, and a validation loss every k steps.
 //
-// Run-time choices (the ZeRO stage, the number of pipeline stages) dispatch to compiled
-// instantiations: zero_optimizer<0..3> inside gpt_rank, and uniform_pipeline<gpt_stage, N> for
-// N in compiled_stage_counts (gpt_stage is the same type for every ZeRO stage).
+// Run-time choices dispatch to compiled instantiations: the ZeRO stage to gpt_rank<0..3, ...>
+// (with the precision, train's template argument), the number of pipeline stages to
+// uniform_pipeline<gpt_stage, N> for N in compiled_stage_counts. The loop sees the model through
+// chunk_runner, so it compiles once per N, not once per (N, ZeRO stage, precision).
 //
 // Data: each data-parallel rank reads its slice of every global batch (data::shard_loader, llm.c's
 // order), `accumulation` of them per step; all ranks of one data coordinate read the same slice
