@@ -169,6 +169,31 @@ void write_trace(Comm& world, const trident::trace_recorder& rec, const std::str
   TRIDENT_EXPECT(f.good(), "train: writing the trace to '", path, "' failed");
 }
 
+// Tokens outside the vocabulary end the run on every rank together, at the same point, with the
+// first offender's place: a rank that threw alone would abort its peers in the middle of their
+// own collectives (one tiny all-reduce over the world per step).
+template <class Comm>
+void check_tokens(Comm& world, const step_batches& b, std::size_t vocab, long step) {
+  std::int64_t bad = -1;
+  std::size_t where = 0, which = 0;
+  for (std::size_t i = 0; i < b.inputs.size() && bad < 0; ++i)
+    for (const auto* list : {&b.inputs[i], &b.targets[i]})
+      for (std::size_t j = 0; j < list->size() && bad < 0; ++j)
+        if ((*list)[j] < 0 || static_cast<std::size_t>((*list)[j]) >= vocab) {
+          bad = (*list)[j];
+          where = j;
+          which = i;
+        }
+  std::vector<std::int64_t> first{bad >= 0 ? static_cast<std::int64_t>(world.rank()) : std::int64_t{world.size()}};
+  world.all_reduce(first, trident::reduce_op::min);
+  if (first[0] == world.size()) return;
+  if (world.rank() == first[0])
+    throw trident::usage_error(trident::detail::concat("train: step ", step, ", micro-batch ", which, ": token ", bad, " at position ",
+                                                       where, " is outside the vocabulary [0, ", vocab, ") (rank ", world.rank(), ")"));
+  throw trident::usage_error(trident::detail::concat("train: step ", step, ": rank ", first[0],
+                                                     " read a token outside the vocabulary [0, ", vocab, ")"));
+}
+
 // The value that the rank of the last stage holds, averaged over the data axis and given to
 // every rank (one float each way).
 template <class Comm>
@@ -219,6 +244,7 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       const trident::trace_span span("data", "load batches");
       batches = {};
       for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
+      check_tokens(world, batches, o.model.vocab, s);
     }
     rank.set_batches(&batches);
     // Each micro-batch's loss weighs 1 / m in the step, times fp16's loss scale.
@@ -318,7 +344,28 @@ std::vector<step_report> train(Comm& world, const train_options& o, const std::f
   TRIDENT_EXPECT(o.trace_step <= 0 || !o.trace_file.empty(), "train: a trace of step ", o.trace_step, " needs a trace_file");
   TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train: accumulation ", o.accumulation, ", steps ", o.steps,
                  "; expected at least 1 micro-batch per step and no negative step count");
-  (void)detail::make_schedule(o.schedule, o.pipeline, o.accumulation, o.virtual_stages);  // a bad name fails before any collective
+  // Everything that can be checked alone is checked here, before the first collective, so that
+  // every rank throws the same error at the same point (a rank throwing alone later would abort
+  // peers in the middle of their collectives).
+  (void)detail::make_schedule(o.schedule, o.pipeline, o.accumulation, o.virtual_stages);
+  const auto t = static_cast<std::size_t>(o.tensor), chunks = static_cast<std::size_t>(o.pipeline * o.virtual_stages);
+  const auto& c = o.model;
+  TRIDENT_EXPECT(c.heads >= 1 && c.hidden % c.heads == 0, "train: hidden size ", c.hidden, " does not divide into ", c.heads, " heads");
+  TRIDENT_EXPECT(c.heads % t == 0, "train: ", c.heads, " attention heads do not divide over a tensor-parallel group of ", t,
+                 "; expected the heads to be a multiple of t");
+  TRIDENT_EXPECT(c.ffn_size() % t == 0, "train: the MLP's ", c.ffn_size(), " features do not divide over a tensor-parallel group of ", t);
+  TRIDENT_EXPECT(c.vocab % t == 0, "train: the vocabulary of ", c.vocab, " tokens does not divide over a tensor-parallel group of ", t,
+                 "; pad it to a multiple of t");
+  TRIDENT_EXPECT(c.layers % chunks == 0, "train: ", c.layers, " layers do not divide into ", chunks,
+                 " pipeline stages (p x virtual stages); expected layers to be a multiple of it");
+  TRIDENT_EXPECT(!c.sequence_parallel || c.seq % t == 0, "train: sequence parallelism splits the ", c.seq,
+                 " positions over a tensor-parallel group of ", t, "; expected a multiple of t");
+  {
+    // The shards: present, well-formed, and large enough for a global batch.
+    const int d = world.size() / (o.tensor * o.pipeline);
+    const trident::data::shard_loader check(o.train_files, o.micro_batch, c.seq, 0, d);
+    if (o.eval_every > 0 && !o.val_files.empty()) (void)trident::data::shard_loader(o.val_files, o.micro_batch, c.seq, 0, d);
+  }
   trident::process_grid grid(world, o.tensor, o.pipeline);
   std::vector<step_report> out;
   detail::with_zero_stage(o.zero_stage, [&](auto stage) {
