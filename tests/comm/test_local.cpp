@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/collective_suite.hpp"
@@ -381,4 +383,38 @@ TEST_CASE("local: each rank's ledger holds what that rank allocated, asynchronou
   CHECK(ledgers[0]->peak(trident::space_kind::host, trident::mem_category::parameters) == 1000 * sizeof(float));
   CHECK(ledgers[1]->peak(trident::space_kind::host, trident::mem_category::parameters) == 3000 * sizeof(float));
   CHECK(trident::process_ledger()->bytes(trident::space_kind::host) == process_before);
+}
+
+TEST_CASE("local: a rank that leaves a collective because the world aborted waits until no peer reads its memory") {
+  // Ranks 0 and 1 run large ring all-reduces, small one-shot ones and large sends between them
+  // (each iteration with fresh heap buffers) while rank 2, outside their group, throws at some
+  // moment. A rank that sees the abort while its peer is still combining or copying from its
+  // buffers must not free them under the peer: AddressSanitizer (the asan-ci build runs this
+  // test) reports a heap-use-after-free otherwise, as it did in gpt.local before.
+  for (int trial = 0; trial < 12; ++trial) {
+    CAPTURE(trial);
+    const int mode = trial % 3;  // 0: ring all_reduce, 1: one-shot all_reduce, 2: send/recv
+    const auto delay = std::chrono::microseconds(500 + 1700 * trial);
+    CHECK_THROWS_WITH_AS(local_world::run(3,
+                                          [&](local_comm& world) {
+                                            local_comm pair = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+                                            if (world.rank() == 2) {
+                                              std::this_thread::sleep_for(delay);
+                                              throw std::runtime_error("rank 2 gives up");
+                                            }
+                                            const std::size_t n = mode == 1 ? 256 : (std::size_t{1} << 21);
+                                            for (;;) {
+                                              std::vector<float> x(n, 1.0f + static_cast<float>(pair.rank()));
+                                              if (mode == 2) {
+                                                if (pair.rank() == 0)
+                                                  pair.send(std::span<const float>(x), 1);
+                                                else
+                                                  pair.recv(std::span<float>(x), 0);
+                                              } else {
+                                                pair.all_reduce(x);
+                                              }
+                                            }
+                                          }),
+                         "rank 2 gives up", std::runtime_error);
+  }
 }

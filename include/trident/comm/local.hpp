@@ -23,7 +23,10 @@
 // Failure. An exception escaping fn on one rank aborts the world: every rank blocked in (or
 // later entering) a collective throws trident::error naming the failed rank, and run()
 // rethrows the original exception. A wait longer than the timeout aborts the world the same
-// way, naming the operation and the rank it waited for.
+// way, naming the operation and the rank it waited for. A rank that leaves an operation this
+// way first waits until no peer is still reading its memory in that operation (a peer may be
+// mid-copy from its buffers when the abort arrives), and a sender waits for a receiver's copy
+// in flight: the caller's buffers are never read after the call has returned, even by error.
 //
 // Disagreement in asynchronous work. Ranks whose descriptors disagree all throw the usage_error
 // at the same sequence number, and a synchronous caller sees it at once. An asynchronous one
@@ -113,7 +116,7 @@ struct local_world_state {
     if (aborted.load(std::memory_order_relaxed)) return false;
     reason = why;
     failed_rank = world_rank;
-    aborted.store(true, std::memory_order_release);
+    aborted.store(true, std::memory_order_seq_cst);  // seq_cst: see local_comm::post
     return true;
   }
   std::string describe() {
@@ -172,6 +175,10 @@ struct local_signal {
 struct alignas(64) local_slot {
   std::atomic<std::uint64_t> arrived{0};   // sequence number of the last operation posted
   std::atomic<std::uint64_t> progress{0};  // seq * step_space + steps completed
+  // The operation (seq) during which this rank may read its peers' memory, 0 when none: set
+  // before it posts, cleared once its reads are over. A rank that leaves an operation by an
+  // exception waits until no peer is inside it before its buffers can be freed.
+  std::atomic<std::uint64_t> inside{0};
   local_signal signal;                     // published after each store to arrived / progress
   local_descriptor desc;
   std::shared_ptr<struct local_group> split_result;  // published by a split's leader
@@ -182,6 +189,7 @@ struct local_pending_send {
   std::size_t count;
   dtype type;
   int src;
+  bool taken = false;  // a receiver has popped it and may be copying from `data`
   bool done = false;
   std::string error;  // set by the receiver when sizes disagree
 };
@@ -357,7 +365,12 @@ class local_comm : public collectives<local_comm, host_space> {
       slot(rank_).split_result = std::make_shared<detail::local_group>(group_->world, std::move(world_ranks));
       set_progress(seq, 1);
     } else {
-      wait_progress(leader, seq, 1, "split");
+      try {
+        wait_progress(leader, seq, 1, "split");
+      } catch (...) {
+        leave_after_failure(seq);
+        throw;
+      }
     }
     std::shared_ptr<detail::local_group> g = slot(leader).split_result;
     const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
@@ -448,13 +461,28 @@ class local_comm : public collectives<local_comm, host_space> {
     auto& mine = slot(rank_);
     mine.desc = d;
     mine.progress.store(seq * detail::step_space, std::memory_order_relaxed);
+    mine.inside.store(seq, std::memory_order_seq_cst);
     mine.arrived.store(seq, std::memory_order_release);
     mine.signal.publish();
     const std::string_view what = d.kind < 100 ? name_of(static_cast<collective>(d.kind))
                                     : (d.kind == static_cast<int>(detail::local_kind::barrier) ? "barrier" : "split");
-    for (int p = 0; p < size(); ++p) {
-      auto& a = slot(p).arrived;
-      wait_until([&] { return a.load(std::memory_order_acquire) >= seq; }, what, p);
+    try {
+      for (int p = 0; p < size(); ++p) {
+        auto& a = slot(p).arrived;
+        wait_until([&] { return a.load(std::memory_order_acquire) >= seq; }, what, p);
+      }
+    } catch (...) {
+      leave_after_failure(seq);
+      throw;
+    }
+    // A peer may have arrived and left again by an error before this rank arrived: every rank it
+    // waited for had arrived. Such a peer's buffers may be gone. It left after the world was
+    // aborted and then found this rank not inside; this rank marked itself inside before this
+    // load. Both sides seq_cst, so at least one of them sees the other: either the peer waits
+    // for this rank, or this rank leaves here without reading anything.
+    if (world().aborted.load(std::memory_order_seq_cst)) {
+      leave_after_failure(seq);
+      throw aborted_error(what);
     }
     // Every rank sees the same descriptors, so every rank reaches the same verdict.
     for (int p = 0; p < size(); ++p) {
@@ -487,9 +515,32 @@ class local_comm : public collectives<local_comm, host_space> {
   }
   // Leave only when every rank is done reading everyone's memory.
   void finish(std::uint64_t seq) {
+    slot(rank_).inside.store(0, std::memory_order_seq_cst);  // release: what this rank read happens before a leaving peer frees it
     slot(rank_).progress.store(detail::done_mark(seq), std::memory_order_release);
     slot(rank_).signal.publish();
-    for (int p = 0; p < size(); ++p) wait_progress(p, seq, detail::step_space - 1, "collective completion");
+    try {
+      for (int p = 0; p < size(); ++p) wait_progress(p, seq, detail::step_space - 1, "collective completion");
+    } catch (...) {
+      leave_after_failure(seq);
+      throw;
+    }
+  }
+  // This rank leaves operation `seq` by an exception (the world is aborted by now: every path
+  // that throws here aborts first). Its buffers, scratch and descriptor may be freed as soon as
+  // it returns, while a peer that already passed its last wait may still be combining or copying
+  // from them: wait, bounded by the timeout, until no peer is inside `seq`. Peers notice the
+  // abort at their next wait (within local_sleep_limit), so this lasts as long as the copy in
+  // flight. Every peer clears its own mark before waiting here, so two leaving ranks never wait
+  // for each other.
+  void leave_after_failure(std::uint64_t seq) noexcept {
+    slot(rank_).inside.store(0, std::memory_order_seq_cst);
+    const auto deadline = std::chrono::steady_clock::now() + options().timeout;
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank_) continue;
+      const auto& mark = slot(p).inside;
+      while (mark.load(std::memory_order_seq_cst) == seq && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   std::byte* scratch(std::size_t bytes) {
@@ -529,6 +580,7 @@ class local_comm : public collectives<local_comm, host_space> {
         bytes = one_shot_reduce(c);
       } catch (...) {
         world().abort(world_rank(), detail::concat(name_of(c.kind), " failed on this rank"));
+        leave_after_failure(seq);
         throw;
       }
       finish(seq);
@@ -597,6 +649,7 @@ class local_comm : public collectives<local_comm, host_space> {
     } catch (...) {
       // Peers may be waiting on this rank's progress; make sure they do not wait in vain.
       world().abort(world_rank(), detail::concat(name_of(c.kind), " failed on this rank"));
+      leave_after_failure(seq);
       throw;
     }
     finish(seq);
@@ -678,14 +731,15 @@ class local_comm : public collectives<local_comm, host_space> {
     auto& g = *group_;
     const int n = size();
     std::vector<detail::local_pending_send> sends;
-    sends.reserve(ops.size());
+    sends.reserve(ops.size());  // never reallocated: receivers hold pointers into it
     {
       std::lock_guard lock(g.p2p_mutex);
       for (const auto& op : ops)
         if (op.kind == p2p_kind::send) {
-          sends.push_back({op.data, op.count, op.type, rank_, false, {}});
+          sends.push_back({.data = op.data, .count = op.count, .type = op.type, .src = rank_, .taken = false, .done = false, .error = {}});
           g.channels[static_cast<std::size_t>(rank_ * n + op.peer)].push_back(&sends.back());
         }
+      posted_sends_ = sends;  // what withdraw_sends_locked waits for; read under the lock only
     }
     g.p2p_cv.notify_all();
     std::string failure;
@@ -696,6 +750,7 @@ class local_comm : public collectives<local_comm, host_space> {
       p2p_wait(lock, [&] { return !channel.empty(); }, "recv", op.peer);
       detail::local_pending_send* s = channel.front();
       channel.pop_front();
+      s->taken = true;  // from here the sender waits for `done` even when it leaves by an error
       if (s->count != op.count || s->type != op.type) {
         s->error = detail::concat("send to rank ", rank_, ": ", s->count, " ", name_of(s->type), " elements, but the matching recv "
                           "expects ", op.count, " ", name_of(op.type));
@@ -716,6 +771,7 @@ class local_comm : public collectives<local_comm, host_space> {
         p2p_wait(lock, [&] { return s.done; }, "send", -1);
         if (failure.empty() && !s.error.empty()) failure = s.error;
       }
+      posted_sends_ = {};
     }
     if (!failure.empty()) throw usage_error(failure);
   }
@@ -725,19 +781,18 @@ class local_comm : public collectives<local_comm, host_space> {
     const auto deadline = std::chrono::steady_clock::now() + options().timeout;
     while (!ready()) {
       if (world().aborted.load(std::memory_order_acquire)) {
-        // Our posted sends point into our stack: take them back before leaving.
-        withdraw_sends_locked();
+        withdraw_sends_locked(lock);
         throw error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
       }
       if (peer_left(peer)) {
-        withdraw_sends_locked();
+        withdraw_sends_locked(lock);
         const std::string why = detail::concat(what, " on rank ", rank_, " waits for rank ", peer,
                                                ", which has returned from its function without sending");
         world().abort(world_rank(), why);
         throw error(why);
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        withdraw_sends_locked();
+        withdraw_sends_locked(lock);
         const std::string why = detail::concat("timed out after ", options().timeout.count(), " ms in ", what,
                                        peer >= 0 ? detail::concat(" from rank ", peer) : std::string(" waiting for receivers"));
         world().abort(world_rank(), why);
@@ -746,12 +801,18 @@ class local_comm : public collectives<local_comm, host_space> {
       group_->p2p_cv.wait_for(lock, std::chrono::milliseconds(10));
     }
   }
-  void withdraw_sends_locked() {
+  // Our posted sends point into our stack and the caller's buffers: take back those no receiver
+  // has taken, and wait for the copies of those being taken (a receiver copies without the lock
+  // and then sets `done`, never failing in between), so that nothing reads them once we leave.
+  void withdraw_sends_locked(std::unique_lock<std::mutex>& lock) {
     const int n = size();
     for (int p = 0; p < n; ++p) {
       auto& ch = group_->channels[static_cast<std::size_t>(rank_ * n + p)];
       std::erase_if(ch, [&](detail::local_pending_send* s) { return s->src == rank_ && !s->done; });
     }
+    group_->p2p_cv.wait(lock, [&] {
+      return std::ranges::none_of(posted_sends_, [](const detail::local_pending_send& s) { return s.taken && !s.done; });
+    });
   }
 
   // ---- the asynchronous worker ------------------------------------------------------------
@@ -893,6 +954,7 @@ class local_comm : public collectives<local_comm, host_space> {
   std::shared_ptr<detail::local_group> group_;
   int rank_ = -1;
   std::uint64_t seq_ = 0;
+  std::span<detail::local_pending_send> posted_sends_;  // run_p2p's sends, while it runs
   buffer<std::byte> scratch_;
   buffer<std::byte> prescaled_;  // fp16/bf16 avg: this rank's input scaled by 1/n
   std::shared_ptr<deferred_error> deferred_ = std::make_shared<deferred_error>();
