@@ -2,7 +2,7 @@
 //
 // Always: core, launch (launcher variables, file rendezvous), the communicator front-end with the
 // thread backend and the process grid, the model description, mixed precision, the optimizers,
-// the reference layers, ZeRO and the tensor-parallel layers. With trident::cuda linked, the host parts of CUDA (select_device,
+// the reference layers, ZeRO, the tensor-parallel layers and the safetensors format. With trident::cuda linked, the host parts of CUDA (select_device,
 // cuBLAS); with trident::mpi / trident::nccl, those communicators. Kernels (`*/cuda/*.cuh`) are
 // never included from here: include them from .cu files.
 //
@@ -64,3 +64,6 @@
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
 #include "trident/parallel/tensor/vocab.hpp"
+
+// checkpoint/zero.hpp is left out: it needs <xxhash.h> (docs/ARCHITECTURE.md, Dependencies).
+#include "trident/checkpoint/safetensors.hpp"

@@ -255,6 +255,17 @@ class flat_layout {
     (void)at(h, "flat_layout::name");
     return names_[h.index_];
   }
+  //! Tensors of the model, in model_spec order; at_index(i) and name_at(i) index them (for
+  //! whoever walks every tensor, as a checkpoint does).
+  std::size_t tensors() const noexcept { return by_index_.size(); }
+  const placement& at_index(std::size_t i) const {
+    TRIDENT_EXPECT(i < by_index_.size(), "flat_layout::at_index(", i, "): the model has ", by_index_.size(), " tensors");
+    return by_index_[i];
+  }
+  const std::string& name_at(std::size_t i) const {
+    TRIDENT_EXPECT(i < names_.size(), "flat_layout::name_at(", i, "): the model has ", names_.size(), " tensors");
+    return names_[i];
+  }
   //! Elements of each rank's piece of bucket b.
   std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].split.part_extent(); }
   //! Where rank r's piece of bucket b starts in the full flat buffer.

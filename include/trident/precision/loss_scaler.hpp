@@ -9,6 +9,7 @@
 //                                   raise_error_at_min_scale true, max_scale 2^127
 //   struct static_loss_scaler       a fixed scale; overflowing steps are still skipped
 //   class loss_scale_error          overflow at the minimum scale (DeepSpeed raises there too)
+//   struct loss_scaler_state        what a checkpoint saves of a scaler (restorable_loss_scaler)
 //
 // A type opts in to `loss_scaler` with a const scale() (the factor the loss is multiplied by
 // before backward) and update(overflow), called once per step with the overflow verdict agreed
@@ -30,6 +31,24 @@ template <class S>
 concept loss_scaler = requires(S& s, const S& cs, bool overflow) {
   { cs.scale() } -> std::convertible_to<double>;
   { s.update(overflow) } -> std::same_as<bool>;
+};
+
+//! What a checkpoint keeps of a loss scaler, so that a resumed run scales and skips exactly as
+//! an uninterrupted one (DeepSpeed saves the same four values: cur_scale, cur_hysteresis,
+//! cur_iter, last_overflow_iter).
+struct loss_scaler_state {
+  double scale = 1.0;
+  int hysteresis = 0;
+  std::int64_t iteration = 0;
+  std::int64_t last_overflow = -1;
+};
+
+//! A loss scaler whose state a checkpoint can save and restore: state() and restore(s), which
+//! checks what it is given. Both scalers below opt in.
+template <class S>
+concept restorable_loss_scaler = loss_scaler<S> && requires(S& s, const S& cs, const loss_scaler_state& st) {
+  { cs.state() } -> std::same_as<loss_scaler_state>;
+  s.restore(st);
 };
 
 //! The loss overflowed although its scale is already at the minimum: training cannot go on by
@@ -96,6 +115,23 @@ struct dynamic_loss_scaler {
   std::int64_t iteration() const noexcept { return iteration_; }
   const options& settings() const noexcept { return opt_; }
 
+  //! The state a checkpoint saves; restore() puts it back (the options stay this scaler's own).
+  loss_scaler_state state() const noexcept { return {scale_, hysteresis_, iteration_, last_overflow_}; }
+  void restore(const loss_scaler_state& s) {
+    TRIDENT_EXPECT(std::isfinite(s.scale) && s.scale >= opt_.min_scale && s.scale <= opt_.max_scale,
+                   "dynamic_loss_scaler::restore: scale ", s.scale, " is outside [min_scale, max_scale] = [", opt_.min_scale,
+                   ", ", opt_.max_scale, "]");
+    TRIDENT_EXPECT(s.hysteresis >= 1 && s.hysteresis <= opt_.hysteresis, "dynamic_loss_scaler::restore: hysteresis ",
+                   s.hysteresis, " is outside [1, ", opt_.hysteresis, "]");
+    TRIDENT_EXPECT(s.iteration >= 0 && s.last_overflow >= -1 && s.last_overflow < s.iteration,
+                   "dynamic_loss_scaler::restore: expected 0 <= iteration and -1 <= last_overflow < iteration, got iteration ",
+                   s.iteration, " and last_overflow ", s.last_overflow);
+    scale_ = s.scale;
+    hysteresis_ = s.hysteresis;
+    iteration_ = s.iteration;
+    last_overflow_ = s.last_overflow;
+  }
+
   //! Takes this step's overflow verdict (the same on every rank) and returns whether the step
   //! is applied. Throws loss_scale_error on an overflow at min_scale when
   //! raise_error_at_min_scale is set (the state is left as it was, as in DeepSpeed).
@@ -139,8 +175,14 @@ struct static_loss_scaler {
   double value = 1.0;
   double scale() const noexcept { return value; }
   bool update(bool overflow) noexcept { return !overflow; }
+  loss_scaler_state state() const noexcept { return {value, 0, 0, -1}; }
+  //! The scale is the configuration itself: a checkpoint of another scale is refused, not adopted.
+  void restore(const loss_scaler_state& s) const {
+    TRIDENT_EXPECT(s.scale == value, "static_loss_scaler::restore: the checkpoint was saved with a loss scale of ", s.scale,
+                   ", this scaler's is ", value, "; a static scale is configuration, so set it to match");
+  }
 };
 
-static_assert(loss_scaler<dynamic_loss_scaler> && loss_scaler<static_loss_scaler>);
+static_assert(restorable_loss_scaler<dynamic_loss_scaler> && restorable_loss_scaler<static_loss_scaler>);
 
 }  // namespace trident

@@ -557,6 +557,67 @@ class zero_optimizer {
     return {applied, norm, static_cast<float>(scaler_.scale())};
   }
 
+  // ---- checkpoints (checkpoint/zero.hpp) ------------------------------------------------------
+
+  //! A run of one tensor's elements [begin, begin + count) that sits at element `at` of a
+  //! state_field's buffer.
+  struct state_range {
+    std::size_t tensor;  // index in the model_spec
+    std::size_t begin;
+    std::size_t count;
+    std::size_t at;
+  };
+  //! One kind of per-element state this rank keeps, for checkpoints: "parameters" (the working
+  //! weights, half_type), "master" (the fp32 master weights, with a master copy) and the
+  //! optimizer's states ("state0", "state1", ..., in the order of Opt's step()). `held`: every
+  //! part of a tensor kept here, which a load must fill. `owned`: this rank's piece of every
+  //! bucket (in every stage), which a save writes, so the ranks together write each element
+  //! once. `data` is in this optimizer's memory space.
+  struct state_field {
+    std::string name;
+    dtype type;
+    void* data;
+    std::vector<state_range> held, owned;
+  };
+  //! The fields above (waits for reductions in flight). Call between steps; after writing into
+  //! them, restore_counters() makes stage 3 gather anew.
+  //!
+  //!   for (auto& f : zero.state_fields()) for (auto& r : f.owned) write(f.name, layout.name(r.tensor), r, f.data);
+  std::vector<state_field> state_fields() {
+    guarded("state_fields", [&] { finish_reductions(); });
+    std::vector<state_field> out;
+    out.push_back({"parameters", dtype_of<half_type>, working_.data(), ranges(!policy::shards_parameters, false),
+                   ranges(!policy::shards_parameters, true)});
+    constexpr bool full_states = !policy::shards_optimizer_state;
+    if constexpr (has_master) out.push_back({"master", dtype::float32, master_.data(), ranges(full_states, false), ranges(full_states, true)});
+    for (std::size_t i = 0; i < Opt::state_count; ++i)
+      out.push_back({detail::concat("state", i), dtype::float32, states_[i].data(), ranges(full_states, false),
+                     ranges(full_states, true)});
+    return out;
+  }
+  //! The counters a resumed run must continue from: optimizer steps applied and the loss
+  //! scaler's state.
+  struct counters {
+    std::int64_t steps;
+    loss_scaler_state scaler;
+  };
+  counters checkpoint_counters() const
+    requires restorable_loss_scaler<scaler_type>
+  {
+    return {step_count_, scaler_.state()};
+  }
+  //! Restores them (every rank alike), after a load has filled state_fields(); gradients are
+  //! cleared and stage 3 gathers anew.
+  void restore_counters(const counters& c)
+    requires restorable_loss_scaler<scaler_type>
+  {
+    TRIDENT_EXPECT(c.steps >= 0, "restore_counters: a step count of ", c.steps, "; expected >= 0");
+    scaler_.restore(c.scaler);
+    step_count_ = c.steps;
+    invalidate_gathered();
+    zero_grad();
+  }
+
   //! Clears the gradients, after waiting for reductions in flight (step() does this itself).
   void zero_grad() {
     guarded("zero_grad", [&] { finish_reductions(); });  // they write into the buffers cleared here
@@ -612,6 +673,26 @@ class zero_optimizer {
     TRIDENT_EXPECT(o.first_bucket_bytes >= sizeof(half_type), "zero_optimizer: zero_options::first_bucket_bytes = ",
                    o.first_bucket_bytes, "; expected at least one element (", sizeof(half_type), " bytes)");
     return o;
+  }
+
+  // Where each tensor's elements sit in a buffer of full (flat layout) or shard storage: all of
+  // the tensor, or its part in this rank's piece of its bucket (`owned_only`, and always for a
+  // shard, which holds nothing else).
+  std::vector<state_range> ranges(bool full, bool owned_only) const {
+    std::vector<state_range> out;
+    for (std::size_t t = 0; t < layout_.tensors(); ++t) {
+      const auto& p = layout_.at_index(t);
+      if (full && !owned_only) {
+        if (p.numel != 0) out.push_back({t, 0, p.numel, p.offset});
+        continue;
+      }
+      const std::size_t begin = layout_.piece_begin(p.bucket, rank_), piece = layout_.piece_size(p.bucket);
+      const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, begin + piece);
+      if (lo >= hi) continue;
+      const std::size_t at = full ? lo : layout_.buckets()[p.bucket].shard_begin + (lo - begin);
+      out.push_back({t, lo - p.offset, hi - lo, at});
+    }
+    return out;
   }
 
   template <class T>

@@ -1,0 +1,692 @@
+// trident/checkpoint/zero.hpp — sharded checkpoints of a zero_optimizer: every rank writes what
+// it owns, and a load fills whatever a rank holds, in any world size and ZeRO stage.
+//
+// Synopsis
+//   struct save_options          user metadata, keep the last k, fsync
+//   struct load_result           where it loaded from, the step, the user metadata
+//   save(comm, zero, root, step, options)   collective over the data-parallel group
+//   save_async(...) -> pending_save         returns once the state is copied to host memory;
+//                                           the files are written in the background
+//   load(comm, zero, dir)                   collective; any world size or stage (resharding)
+//   load_latest(comm, zero, root)           the newest checkpoint that verifies, falling back
+//   checkpoints(root)                       complete checkpoints under root, newest first
+//   verify(dir)                             the manifest's sizes and xxh64 checksums
+//
+// On disk (docs/checkpoint_format.md):
+//   <root>/step_00000020/
+//     rank_00000.safetensors   this rank's piece of every bucket, one 1-D tensor per (field,
+//                              tensor) run, named "<field>/<tensor>@<first element>": fields are
+//                              "parameters" (working weights), "master", "state0".. (the
+//                              optimizer's states); rank 0's metadata holds the counters
+//     index.json               for people and tools: format, step, world size, stage, dtypes,
+//                              every tensor's shape and its pieces (file, key, range)
+//     MANIFEST                 "<xxh64>  <file>" per file, as `xxhsum -c MANIFEST` checks it
+//
+// Why each rank writes its piece of every bucket (as ZeRO's optimizer-state files do), in
+// every stage: the ranks write in parallel and each element once, and the pieces are ranges of
+// tensors, so a load in another layout reads the ranges it needs from whichever files hold
+// them, with no collective but the verdict.
+//
+// Atomic and durable: everything is written into <root>/.tmp.step_N, each file fsynced, then
+// MANIFEST (last), the directory fsynced and renamed to step_N, and <root> fsynced. A directory
+// without a MANIFEST, or whose files do not match it, is not a checkpoint: load() names what is
+// wrong, load_latest() goes on to the next older one.
+//
+// Asynchronous: save_async copies this rank's pieces to host memory (the only stall) and a
+// background thread writes them. The ranks then coordinate through the directory, not the
+// communicator (which the training thread is using): each rank leaves "rank_N.done" (its
+// file's xxh64) or "rank_N.failed" beside its file, and rank 0 waits for all of them (up to
+// save_options::timeout) before it writes the manifest. A rank that dies mid-save leaves no
+// checkpoint, only a .tmp directory that the next save of that step replaces.
+//
+// Failure is agreed: a rank that cannot write or read reports it to the others, so every rank
+// throws (naming the failed rank and why) at the same point, and the ranks stay matched.
+//
+//   trident::checkpoint::save(comm, zero, "ckpt", zero.steps_taken(), {.keep = 3});
+//   ...
+//   auto r = trident::checkpoint::load_latest(comm, zero, "ckpt");   // r.step: where it resumed
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <memory>
+#include <thread>
+#include <tuple>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "trident/checkpoint/safetensors.hpp"
+#include "trident/comm/communicator.hpp"
+#include "trident/core/error.hpp"
+#include "trident/core/space_span.hpp"
+#include "trident/parallel/data/zero_optimizer.hpp"
+
+namespace trident::checkpoint {
+
+struct save_options {
+  std::map<std::string, std::string> metadata;  // the user's (data position, RNG state, ...), returned by load
+  int keep = 0;                                 // keep the newest k checkpoints under root; 0: all
+  bool sync = true;                             // fsync files and directories (off only for tests of speed)
+  //! How long rank 0 waits for the other ranks' files before it gives the checkpoint up.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
+struct load_result {
+  std::filesystem::path path;
+  std::int64_t step = 0;
+  std::map<std::string, std::string> metadata;
+};
+
+namespace detail {
+
+using trident::detail::concat;
+
+inline constexpr std::string_view format_name = "trident-zero-checkpoint";
+inline constexpr int format_version = 1;
+inline constexpr std::string_view user_prefix = "user.";
+
+inline std::string step_name(std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+inline std::string rank_file(int r) {
+  char name[40];
+  std::snprintf(name, sizeof name, "rank_%05d.safetensors", r);
+  return name;
+}
+inline std::string hex64(std::uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+// Doubles travel as hexadecimal floats: exact, and readable by strtod and Python's float.fromhex.
+inline std::string hex_double(double v) {
+  char s[64];
+  std::snprintf(s, sizeof s, "%a", v);
+  return s;
+}
+
+inline void fsync_path(const std::filesystem::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw error(concat("checkpoint: cannot open ", p.string(), " to fsync it: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  if (rc != 0) throw error(concat("checkpoint: fsync of ", p.string(), " failed: ", std::strerror(e)));
+}
+
+inline std::uint64_t file_xxh64(const std::filesystem::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw error(concat("checkpoint: cannot open ", p.string(), ": ", std::strerror(errno)));
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  std::vector<char> chunk(std::size_t{4} << 20);
+  for (;;) {
+    const ssize_t got = ::read(fd, chunk.data(), chunk.size());
+    if (got < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw error(concat("checkpoint: cannot read ", p.string(), ": ", std::strerror(e)));
+    }
+    if (got == 0) break;
+    XXH64_update(&state, chunk.data(), static_cast<std::size_t>(got));
+  }
+  ::close(fd);
+  return XXH64_digest(&state);
+}
+
+inline void write_text(const std::filesystem::path& p, const std::string& text, bool sync) {
+  {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw error(concat("checkpoint: cannot write ", p.string()));
+  }
+  if (sync) fsync_path(p, false);
+}
+
+inline std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", u);
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// A field's piece of one tensor in one file: "<field>/<tensor>@<first element>".
+struct piece {
+  std::size_t file;
+  std::string key;
+  std::size_t begin, count;
+};
+inline std::string piece_key(std::string_view field, std::string_view tensor, std::size_t begin) {
+  return concat(field, "/", tensor, "@", begin);
+}
+// Splits a key; false when it is not one of ours.
+inline bool parse_piece_key(const std::string& key, std::string& field, std::string& tensor, std::size_t& begin) {
+  const auto slash = key.find('/');
+  const auto at = key.rfind('@');
+  if (slash == std::string::npos || at == std::string::npos || at <= slash + 1 || at + 1 >= key.size()) return false;
+  std::size_t v = 0;
+  for (std::size_t i = at + 1; i < key.size(); ++i) {
+    if (key[i] < '0' || key[i] > '9' || v > (SIZE_MAX - 9) / 10) return false;
+    v = v * 10 + static_cast<std::size_t>(key[i] - '0');
+  }
+  field = key.substr(0, slash);
+  tensor = key.substr(slash + 1, at - slash - 1);
+  begin = v;
+  return true;
+}
+
+// MANIFEST: "<16 hex digits>  <file>" per line (xxhsum's format for XXH64).
+inline std::map<std::string, std::uint64_t> read_manifest(const std::filesystem::path& dir) {
+  const auto path = dir / "MANIFEST";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error(concat("checkpoint ", dir.string(), ": no MANIFEST (an incomplete checkpoint: the manifest is written last)"));
+  std::map<std::string, std::uint64_t> out;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.size() < 19 || line[16] != ' ' || line[17] != ' ')
+      throw error(concat("checkpoint ", path.string(), " line ", n, ": expected \"<16 hex digits>  <file>\""));
+    std::uint64_t h = 0;
+    for (int i = 0; i < 16; ++i) {
+      const char c = line[static_cast<std::size_t>(i)];
+      const int d = c >= '0' && c <= '9' ? c - '0' : (c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1);
+      if (d < 0) throw error(concat("checkpoint ", path.string(), " line ", n, ": '", c, "' is not a lower-case hex digit"));
+      h = (h << 4) | static_cast<std::uint64_t>(d);
+    }
+    const std::string file = line.substr(18);
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+      throw error(concat("checkpoint ", path.string(), " line ", n, ": '", file, "' is not a file name of the checkpoint"));
+    if (!out.emplace(file, h).second) throw error(concat("checkpoint ", path.string(), ": ", file, " is listed twice"));
+  }
+  if (out.empty()) throw error(concat("checkpoint ", path.string(), " lists no files"));
+  return out;
+}
+
+// Every rank's verdict: 0 = fine, else the first failed rank + 1 on every rank.
+template <communicator Comm>
+int first_failure(Comm& comm, bool failed) {
+  std::vector<std::uint64_t> flags(static_cast<std::size_t>(comm.size()), 0);
+  const std::uint64_t mine = failed ? 1 : 0;
+  comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(flags));
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] != 0) return static_cast<int>(r) + 1;
+  return 0;
+}
+
+// Runs `work` on this rank and agrees with the others on whether it failed: every rank throws
+// (its own error, or one naming the first failed rank) or none does.
+template <communicator Comm, class Work>
+void agreed(Comm& comm, std::string_view what, Work work) {
+  std::exception_ptr mine;
+  try {
+    work();
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  const int failed = first_failure(comm, mine != nullptr);
+  if (mine) std::rethrow_exception(mine);
+  if (failed != 0) throw error(concat(what, ": rank ", failed - 1, " failed (its error is raised there); nothing was changed on this rank's side of it"));
+}
+
+}  // namespace detail
+
+//! Whether `dir` is a complete checkpoint whose files match its MANIFEST (size and xxh64).
+//! Throws trident::error naming the first problem.
+inline void verify(const std::filesystem::path& dir) {
+  for (const auto& [file, hash] : detail::read_manifest(dir)) {
+    const auto p = dir / file;
+    if (!std::filesystem::is_regular_file(p)) throw error(detail::concat("checkpoint ", dir.string(), ": ", file, " is missing"));
+    const std::uint64_t got = detail::file_xxh64(p);
+    if (got != hash)
+      throw error(detail::concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", detail::hex64(got),
+                                 ", the manifest says ", detail::hex64(hash), ")"));
+  }
+}
+
+//! The checkpoints under root (step_N directories with a MANIFEST; not verified), newest first.
+inline std::vector<std::filesystem::path> checkpoints(const std::filesystem::path& root) {
+  std::vector<std::pair<std::int64_t, std::filesystem::path>> found;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) return {};
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("step_", 0) != 0 || name.size() == 5) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (!std::filesystem::exists(e.path() / "MANIFEST")) continue;
+    found.push_back({std::stoll(name.substr(5)), e.path()});
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::filesystem::path> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+namespace detail {
+
+// What one rank writes, copied out of the optimizer (the snapshot), and what rank 0 adds.
+struct rank_snapshot {
+  std::vector<std::byte> host;  // every piece, back to back
+  std::vector<std::tuple<std::string, dtype, std::size_t, std::size_t>> pieces;  // key, type, offset, bytes in host
+  std::map<std::string, std::string> metadata;
+  std::string index;  // rank 0: index.json
+};
+
+template <class Zero>
+rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, const save_options& options) {
+  rank_snapshot snap;
+  const auto fields = zero.state_fields();
+  const auto& layout = zero.layout();
+  std::size_t total = 0;
+  for (const auto& f : fields)
+    for (const auto& r : f.owned) total += r.count * size_of(f.type);
+  snap.host.resize(total);
+  std::size_t used = 0;
+  for (const auto& f : fields) {
+    const std::size_t elem = size_of(f.type);
+    for (const auto& r : f.owned) {
+      const std::size_t bytes = r.count * elem;
+      trident::detail::copy_bytes(snap.host.data() + used, true, static_cast<const std::byte*>(f.data) + r.at * elem,
+                                  Zero::space::host_accessible, bytes);
+      snap.pieces.emplace_back(piece_key(f.name, layout.name_at(r.tensor), r.begin), f.type, used, bytes);
+      used += bytes;
+    }
+  }
+  auto& m = snap.metadata;
+  m["format"] = std::string(format_name);
+  m["version"] = std::to_string(format_version);
+  m["rank"] = std::to_string(rank);
+  m["world"] = std::to_string(world);
+  if (rank != 0) return snap;
+  const auto counters = zero.checkpoint_counters();
+  m["step"] = std::to_string(step);
+  m["stage"] = std::to_string(Zero::stage);
+  m["optimizer_steps"] = std::to_string(counters.steps);
+  m["scaler.scale"] = hex_double(counters.scaler.scale);
+  m["scaler.hysteresis"] = std::to_string(counters.scaler.hysteresis);
+  m["scaler.iteration"] = std::to_string(counters.scaler.iteration);
+  m["scaler.last_overflow"] = std::to_string(counters.scaler.last_overflow);
+  std::string model;
+  for (std::size_t t = 0; t < layout.tensors(); ++t) model += concat(layout.name_at(t), " ", layout.at_index(t).numel, "\n");
+  m["model"] = model;
+  for (const auto& [k, v] : options.metadata) m[concat(user_prefix, k)] = v;
+
+  std::string& index = snap.index;
+  index = concat("{\n  \"format\": ", json_string(format_name), ",\n  \"version\": ", format_version, ",\n  \"step\": ", step,
+                 ",\n  \"world\": ", world, ",\n  \"stage\": ", Zero::stage, ",\n  \"fields\": {");
+  for (std::size_t i = 0; i < fields.size(); ++i)
+    index += concat(i ? ", " : "", json_string(fields[i].name), ": ", json_string(name_of(fields[i].type)));
+  index += "},\n  \"files\": [";
+  for (int r = 0; r < world; ++r) index += concat(r ? ", " : "", json_string(rank_file(r)));
+  index += "],\n  \"tensors\": {\n";
+  // Every rank's pieces follow from the layout: rank r owns its piece of every bucket.
+  for (std::size_t t = 0; t < layout.tensors(); ++t) {
+    const auto& p = layout.at_index(t);
+    index += concat("    ", json_string(layout.name_at(t)), ": {\"numel\": ", p.numel, ", \"layer\": ", p.layer, ", \"pieces\": [");
+    bool first = true;
+    for (int r = 0; r < world; ++r) {
+      const std::size_t begin = layout.piece_begin(p.bucket, r), piece = layout.piece_size(p.bucket);
+      const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, begin + piece);
+      if (lo >= hi) continue;
+      index += concat(first ? "" : ", ", "{\"file\": ", json_string(rank_file(r)), ", \"begin\": ", lo - p.offset,
+                      ", \"count\": ", hi - lo, "}");
+      first = false;
+    }
+    index += concat("]}", t + 1 < layout.tensors() ? ",\n" : "\n");
+  }
+  index += "  }\n}\n";
+  return snap;
+}
+
+// A rank's result beside its file in the temporary directory, renamed into place so that rank
+// 0 never reads half of it: "rank_N.done" (the file's xxh64) or "rank_N.failed" (why).
+inline std::filesystem::path done_file(const std::filesystem::path& tmp, int r) {
+  return tmp / concat("rank_", r, ".done");
+}
+inline std::filesystem::path failed_file(const std::filesystem::path& tmp, int r) {
+  return tmp / concat("rank_", r, ".failed");
+}
+inline void publish(const std::filesystem::path& target, const std::string& text, bool sync) {
+  auto partial = target;
+  partial += ".partial";
+  write_text(partial, text, sync);
+  std::filesystem::rename(partial, target);
+}
+
+// The background half of a save: this rank's file, then (rank 0) the others' results, the
+// index, MANIFEST and the rename. Coordinated through the directory, not the communicator,
+// which belongs to the training thread meanwhile.
+inline void write_checkpoint(const rank_snapshot& snap, const std::filesystem::path& root, const std::filesystem::path& tmp,
+                             const std::filesystem::path& final_dir, int rank, int world, const save_options& options) {
+  try {
+    safetensors_writer w;
+    for (const auto& [key, type, offset, bytes] : snap.pieces)
+      w.add(key, type, {static_cast<std::uint64_t>(bytes / size_of(type))}, std::span<const std::byte>(snap.host.data() + offset, bytes));
+    for (const auto& [k, v] : snap.metadata) w.set_metadata(k, v);
+    const auto path = tmp / rank_file(rank);
+    w.write(path, options.sync);
+    publish(done_file(tmp, rank), hex64(file_xxh64(path)), options.sync);
+  } catch (const std::exception& e) {
+    try {
+      publish(failed_file(tmp, rank), e.what(), false);
+    } catch (...) {
+    }
+    throw;
+  }
+  if (rank != 0) return;
+  // Every rank's verdict, or the deadline: a rank that died mid-save leaves no checkpoint.
+  std::vector<std::uint64_t> hashes(static_cast<std::size_t>(world));
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  for (int r = 0; r < world; ++r) {
+    for (auto pause = std::chrono::microseconds(100);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
+      if (std::filesystem::exists(failed_file(tmp, r))) {
+        std::ifstream in(failed_file(tmp, r));
+        const std::string why{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+        throw error(concat("checkpoint::save of ", final_dir.string(), ": rank ", r, " failed to write its file: ", why));
+      }
+      if (std::filesystem::exists(done_file(tmp, r))) break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw error(concat("checkpoint::save of ", final_dir.string(), ": rank ", r, " has not written its file after ",
+                           options.timeout.count(), " ms; no checkpoint was made (the directory ", tmp.string(),
+                           " is left for inspection)"));
+      std::this_thread::sleep_for(pause);
+    }
+    std::ifstream in(done_file(tmp, r));
+    std::string text;
+    in >> text;
+    if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw error(concat("checkpoint::save of ", final_dir.string(), ": rank ", r, "'s result file holds '", text, "'"));
+    hashes[static_cast<std::size_t>(r)] = std::stoull(text, nullptr, 16);
+  }
+  write_text(tmp / "index.json", snap.index, options.sync);
+  std::string manifest = concat(hex64(file_xxh64(tmp / "index.json")), "  index.json\n");
+  for (int r = 0; r < world; ++r) manifest += concat(hex64(hashes[static_cast<std::size_t>(r)]), "  ", rank_file(r), "\n");
+  for (int r = 0; r < world; ++r) std::filesystem::remove(done_file(tmp, r));
+  write_text(tmp / "MANIFEST", manifest, options.sync);
+  if (options.sync) fsync_path(tmp, true);
+  std::filesystem::remove_all(final_dir);  // an older save of the same step
+  std::filesystem::rename(tmp, final_dir);
+  if (options.sync) fsync_path(root, true);
+  if (options.keep > 0) {
+    const auto all = checkpoints(root);
+    for (std::size_t i = static_cast<std::size_t>(options.keep); i < all.size(); ++i) std::filesystem::remove_all(all[i]);
+  }
+}
+
+struct save_state {
+  rank_snapshot snapshot;
+  std::future<void> finished;
+};
+
+}  // namespace detail
+
+//! A save whose files are being written in the background (save_async). wait() returns when
+//! this rank's part is done, and on rank 0 when the checkpoint is complete (renamed into place);
+//! it rethrows what failed. The destructor waits too (reporting a failure on stderr).
+class pending_save {
+ public:
+  pending_save() = default;
+  //! What save_async makes: the checkpoint's directory and the background work's state.
+  pending_save(std::filesystem::path path, std::unique_ptr<detail::save_state> state)
+      : path_(std::move(path)), state_(std::move(state)) {}
+  pending_save(pending_save&&) noexcept = default;
+  pending_save& operator=(pending_save&& other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  ~pending_save() { finish_quietly(); }
+
+  //! The directory the checkpoint will have.
+  const std::filesystem::path& path() const noexcept { return path_; }
+  //! Whether the background work has ended (wait() would not block).
+  bool ready() const { return !state_ || state_->finished.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+  void wait() {
+    if (!state_) return;
+    auto s = std::move(state_);
+    s->finished.get();
+  }
+
+ private:
+  void finish_quietly() noexcept {
+    if (!state_) return;
+    try {
+      state_->finished.get();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "trident: a checkpoint save that was never waited for failed: %s\n", e.what());
+    }
+    state_.reset();
+  }
+  std::filesystem::path path_;
+  std::unique_ptr<detail::save_state> state_;
+};
+
+//! Starts saving this data-parallel group's optimizer state as <root>/step_<step> (see the top
+//! of this header) and returns once this rank's state is copied to host memory: the files are
+//! written by a background thread while training goes on (the stall is the copy; bench/
+//! checkpoint_io measures it). Collective over `comm` (the group the optimizer was built on)
+//! for its start only. Every rank must wait() before its next save; rank 0's wait() returns
+//! once the checkpoint is complete.
+//!
+//!   auto pending = trident::checkpoint::save_async(comm, zero, "ckpt", step);
+//!   ... train on ...
+//!   pending.wait();
+template <communicator Comm, class Zero>
+pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step,
+                        const save_options& options = {}) {
+  using namespace detail;
+  TRIDENT_EXPECT(step >= 0, "checkpoint::save: step ", step, "; expected >= 0");
+  TRIDENT_EXPECT(options.keep >= 0, "checkpoint::save: keep = ", options.keep, "; expected 0 (keep all) or more");
+  TRIDENT_EXPECT(options.timeout.count() > 0, "checkpoint::save: timeout ", options.timeout.count(), " ms; expected > 0");
+  const std::string name = step_name(step);
+  const auto final_dir = root / name;
+  const auto tmp = root / (".tmp." + name);
+  const int rank = comm.rank(), world = comm.size();
+  agreed(comm, "checkpoint::save", [&] {
+    if (rank == 0) {
+      std::filesystem::create_directories(root);
+      std::filesystem::remove_all(tmp);
+      std::filesystem::create_directory(tmp);
+    }
+  });
+  auto state = std::make_unique<save_state>();
+  state->snapshot = take_snapshot(zero, rank, world, step, options);
+  // The snapshot lives on the heap with the future, so the pending_save may move.
+  state->finished = std::async(std::launch::async, [snap = &state->snapshot, root, tmp, final_dir, rank, world, options] {
+    write_checkpoint(*snap, root, tmp, final_dir, rank, world, options);
+  });
+  return pending_save(final_dir, std::move(state));
+}
+
+//! Saves this data-parallel group's optimizer state as <root>/step_<step> (see the top of this
+//! header) and returns when it is complete. Collective over `comm`; a failure on any rank is
+//! an error on every rank. Returns the directory.
+template <communicator Comm, class Zero>
+std::filesystem::path save(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step,
+                           const save_options& options = {}) {
+  std::filesystem::path out;
+  auto pending = save_async(comm, zero, root, step, options);
+  out = pending.path();
+  detail::agreed(comm, "checkpoint::save", [&] { pending.wait(); });
+  return out;
+}
+
+//! Loads the checkpoint in `dir` into `zero`, whatever world size and ZeRO stage it was saved
+//! with (the precision and the optimizer must match: the fields are compared). Verifies the
+//! files against MANIFEST first. Collective over `comm`; on any rank's failure every rank
+//! throws and the optimizer may hold part of the checkpoint (load another, or start afresh).
+template <communicator Comm, class Zero>
+load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
+  using namespace detail;
+  load_result result{dir, 0, {}};
+  typename Zero::counters counters{};
+  auto fields = zero.state_fields();
+  const auto& layout = zero.layout();
+  agreed(comm, concat("checkpoint::load(", dir.string(), ")"), [&] {
+    verify(dir);
+    const auto manifest = read_manifest(dir);
+    std::vector<std::string> files;
+    for (const auto& [f, h] : manifest)
+      if (f != "index.json") files.push_back(f);
+    std::vector<safetensors_file> opened;
+    opened.reserve(files.size());
+    for (const auto& f : files) opened.emplace_back(dir / f);
+    // The counters and the model, from rank 0's file.
+    const auto first = std::find(files.begin(), files.end(), rank_file(0));
+    if (first == files.end()) throw error(concat("checkpoint ", dir.string(), ": no ", rank_file(0)));
+    const auto& meta = opened[static_cast<std::size_t>(first - files.begin())].header().metadata;
+    auto get = [&](const std::string& k) -> const std::string& {
+      auto it = meta.find(k);
+      if (it == meta.end()) throw error(concat("checkpoint ", dir.string(), ": ", rank_file(0), " has no metadata '", k, "'"));
+      return it->second;
+    };
+    if (get("format") != format_name || get("version") != std::to_string(format_version))
+      throw error(concat("checkpoint ", dir.string(), ": format '", get("format"), "' version ", get("version"), "; expected '",
+                         format_name, "' version ", format_version));
+    auto integer = [&](const std::string& k) {
+      const std::string& v = get(k);
+      std::size_t used = 0;
+      long long x = 0;
+      try {
+        x = std::stoll(v, &used);
+      } catch (...) {
+        used = 0;
+      }
+      if (used != v.size() || v.empty()) throw error(concat("checkpoint ", dir.string(), ": metadata '", k, "' = '", v, "' is not an integer"));
+      return static_cast<std::int64_t>(x);
+    };
+    result.step = integer("step");
+    counters.steps = integer("optimizer_steps");
+    counters.scaler.scale = std::strtod(get("scaler.scale").c_str(), nullptr);
+    counters.scaler.hysteresis = static_cast<int>(integer("scaler.hysteresis"));
+    counters.scaler.iteration = integer("scaler.iteration");
+    counters.scaler.last_overflow = integer("scaler.last_overflow");
+    for (const auto& [k, v] : meta)
+      if (k.rfind(user_prefix, 0) == 0) result.metadata[k.substr(user_prefix.size())] = v;
+    // The model must be the same: names and sizes, in order.
+    std::string model;
+    for (std::size_t t = 0; t < layout.tensors(); ++t) model += concat(layout.name_at(t), " ", layout.at_index(t).numel, "\n");
+    if (get("model") != model)
+      throw error(concat("checkpoint ", dir.string(), ": its model differs from this optimizer's (tensor names and sizes, in "
+                         "order). The checkpoint's:\n", get("model"), "this one's:\n", model));
+
+    // Every piece, by field and tensor.
+    std::map<std::string, std::map<std::string, std::vector<piece>>> pieces;
+    std::map<std::string, dtype> field_types;
+    for (std::size_t i = 0; i < opened.size(); ++i)
+      for (const auto& t : opened[i].header().tensors) {
+        std::string field, tensor;
+        std::size_t begin = 0;
+        if (!parse_piece_key(t.name, field, tensor, begin) || t.shape.size() != 1)
+          throw error(concat("checkpoint ", dir.string(), ": ", files[i], " holds '", t.name, "', which is not a 1-D piece named "
+                             "<field>/<tensor>@<first element>"));
+        pieces[field][tensor].push_back({i, t.name, begin, static_cast<std::size_t>(t.shape[0])});
+        auto [it, added] = field_types.emplace(field, t.type);
+        if (!added && it->second != t.type)
+          throw error(concat("checkpoint ", dir.string(), ": field '", field, "' is stored both as ", name_of(it->second), " and ",
+                             name_of(t.type)));
+      }
+    for (const auto& f : fields) {
+      auto ft = field_types.find(f.name);
+      if (ft == field_types.end()) {
+        std::string have;
+        for (const auto& [n, t] : field_types) have += concat(have.empty() ? "" : ", ", n, " (", name_of(t), ")");
+        throw error(concat("checkpoint ", dir.string(), " has no '", f.name, "' (", name_of(f.type), "), which this optimizer "
+                           "holds; it has: ", have, ". Load it with the precision and optimizer it was saved with"));
+      }
+      if (ft->second != f.type)
+        throw error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
+                           " here; load it with the precision it was saved with"));
+    }
+    // Fill every held range from the pieces that overlap it.
+    std::vector<std::byte> host;
+    for (const auto& f : fields) {
+      const std::size_t elem = size_of(f.type);
+      const auto& by_tensor = pieces[f.name];
+      for (const auto& r : f.held) {
+        const std::string& tensor = layout.name_at(r.tensor);
+        host.assign(r.count * elem, std::byte{0});
+        std::size_t covered = 0;
+        if (auto it = by_tensor.find(tensor); it != by_tensor.end())
+          for (const auto& p : it->second) {
+            const std::size_t lo = std::max(p.begin, r.begin), hi = std::min(p.begin + p.count, r.begin + r.count);
+            if (lo >= hi) continue;
+            opened[p.file].read_range(p.key, (lo - p.begin) * elem,
+                                      std::span<std::byte>(host.data() + (lo - r.begin) * elem, (hi - lo) * elem));
+            covered += hi - lo;
+          }
+        // Pieces never overlap (each element is written by one rank), so full coverage is a count.
+        if (covered != r.count)
+          throw error(concat("checkpoint ", dir.string(), ": '", f.name, "' of ", tensor, " elements ", r.begin, "..",
+                             r.begin + r.count, " are ", covered == 0 ? "missing" : "only partly there", " (", covered, " of ",
+                             r.count, " found)"));
+        trident::detail::copy_bytes(static_cast<std::byte*>(f.data) + r.at * elem, Zero::space::host_accessible, host.data(),
+                                    true, host.size());
+      }
+    }
+    zero.restore_counters(counters);
+  });
+  return result;
+}
+
+//! Loads the newest checkpoint under `root` that verifies and loads, going past broken ones
+//! (a save cut short, a corrupt file); nullopt when there is none. Collective.
+template <communicator Comm, class Zero>
+std::optional<load_result> load_latest(Comm& comm, Zero& zero, const std::filesystem::path& root,
+                                       std::vector<std::string>* skipped = nullptr) {
+  // Rank 0's listing is everyone's: ranks must try the same directories in the same order.
+  std::vector<std::filesystem::path> found;
+  if (comm.rank() == 0) found = checkpoints(root);
+  std::uint64_t n = found.size();
+  comm.broadcast(std::span<std::uint64_t>(&n, 1), 0);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::string name = comm.rank() == 0 ? found[i].filename().string() : std::string();
+    std::uint64_t len = name.size();
+    comm.broadcast(std::span<std::uint64_t>(&len, 1), 0);
+    std::vector<std::uint8_t> bytes(name.begin(), name.end());
+    bytes.resize(len);
+    comm.broadcast(std::span<std::uint8_t>(bytes), 0);
+    const auto dir = root / std::string(bytes.begin(), bytes.end());
+    try {
+      return load(comm, zero, dir);
+    } catch (const error& e) {
+      if (skipped) skipped->push_back(e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace trident::checkpoint

@@ -1,0 +1,39 @@
+# Checkpoints (checkpoint/).
+#   checkpoint.safetensors     the safetensors layer: round trips, the reference's bytes, ranges,
+#                              every hostile header class, truncations, a seeded mutation fuzz
+#                              (TRIDENT_FUZZ_INPUTS / TRIDENT_FUZZ_SEED for longer runs)
+#   checkpoint.safetensors_py  our files read by Python's safetensors and theirs by us, value by
+#                              value; needs PyPI once for a venv under the build tree (fails,
+#                              never skips, without it: leave it out with -LE python)
+trident_add_test(checkpoint.safetensors SOURCES checkpoint/test_safetensors.cpp LABELS checkpoint)
+
+add_executable(checkpoint_safetensors_tool checkpoint/safetensors_tool.cpp)
+target_link_libraries(checkpoint_safetensors_tool PRIVATE trident::trident)
+trident_strict_warnings(checkpoint_safetensors_tool)
+add_test(NAME checkpoint.safetensors_py
+         COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/safetensors_py.sh"
+                 "${CMAKE_BINARY_DIR}/tools/safetensors-venv" $<TARGET_FILE:checkpoint_safetensors_tool>
+                 "${CMAKE_CURRENT_BINARY_DIR}/checkpoint_safetensors_py"
+                 "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/safetensors_check.py")
+set_tests_properties(checkpoint.safetensors_py PROPERTIES LABELS "checkpoint;python" TIMEOUT 300)
+
+# Sharded checkpoints of zero_optimizer (checkpoint/zero.hpp).
+#   checkpoint.zero            bit-exact resume (ZeRO 0-3 x fp32/bf16/fp16, thread ranks),
+#                              resharding d = 4 ZeRO-3 -> d = 2 ZeRO-1, d = 1, d = 3 ZeRO-2,
+#                              broken checkpoints named and skipped, asynchronous save
+#   checkpoint.zero_mpi        bit-exact resume under mpirun -np 2
+#   checkpoint.crash_safety    kill -9 at random moments of saves, restart, check (a few
+#                              trials; bench/checkpoint_crash.sh runs 100)
+find_package(Threads REQUIRED)
+trident_add_test(checkpoint.zero SOURCES checkpoint/test_zero_checkpoint.cpp LIBRARIES Threads::Threads LABELS checkpoint local)
+# Not in the sanitizer build: the thread test runs the same code there, and CI's time is short.
+if(TARGET trident::mpi AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  trident_add_test(checkpoint.zero_mpi SOURCES checkpoint/test_zero_checkpoint_mpi.cpp LIBRARIES trident::mpi Threads::Threads
+                   MPI_RANKS 2 LABELS checkpoint mpi)
+endif()
+add_executable(checkpoint_crash_tool checkpoint/crash_tool.cpp)
+target_link_libraries(checkpoint_crash_tool PRIVATE trident::trident Threads::Threads)
+trident_strict_warnings(checkpoint_crash_tool)
+add_test(NAME checkpoint.crash_safety
+         COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/crash_safety.sh" $<TARGET_FILE:checkpoint_crash_tool> 8)
+set_tests_properties(checkpoint.crash_safety PROPERTIES LABELS "checkpoint" TIMEOUT 300)
