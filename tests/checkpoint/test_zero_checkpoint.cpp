@@ -120,10 +120,11 @@ TEST_CASE("checkpoint: broken checkpoints are named, and load_latest falls back 
     std::ofstream(f, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
     fs::remove(root / "step_00000003" / "MANIFEST");
   }
-  CHECK_THROWS_WITH_AS(ck::verify(root / "step_00000004"), doctest::Contains("rank_00001.safetensors is corrupt"), trident::error);
+  CHECK_THROWS_WITH_AS(ck::verify(root / "step_00000004"), doctest::Contains("rank_00001.safetensors is corrupt"),
+                       ck::corrupt_checkpoint);
   local_world::run(2, [&](local_comm& comm) {
     optimizer_t<2, trident::full_precision> z(comm, toy_spec(), adamw(), options());
-    CHECK_THROWS_WITH_AS(ck::load(comm, z, root / "step_00000004"), doctest::Contains("is corrupt"), trident::error);
+    CHECK_THROWS_WITH_AS(ck::load(comm, z, root / "step_00000004"), doctest::Contains("is corrupt"), ck::corrupt_checkpoint);
     std::vector<std::string> skipped;
     const auto r = ck::load_latest(comm, z, root, &skipped);
     REQUIRE(r.has_value());
@@ -138,7 +139,9 @@ TEST_CASE("checkpoint: broken checkpoints are named, and load_latest falls back 
     trident::model_spec other = toy_spec();
     other.add("extra", {3}, 4);
     optimizer_t<2, trident::full_precision> y(comm, other, adamw(), options());
-    CHECK_THROWS_WITH_AS(ck::load(comm, y, root / "step_00000002"), doctest::Contains("its model differs"), trident::error);
+    CHECK_THROWS_WITH_AS(ck::load(comm, y, root / "step_00000002"), doctest::Contains("its model differs"), trident::usage_error);
+    // Not a broken checkpoint to go past: load_latest must not start this model afresh.
+    CHECK_THROWS_WITH_AS(ck::load_latest(comm, y, root), doctest::Contains("its model differs"), trident::usage_error);
   });
   fs::remove_all(root.parent_path());
 }

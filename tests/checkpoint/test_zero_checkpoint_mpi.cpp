@@ -4,8 +4,6 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <string>
 
@@ -13,23 +11,6 @@
 #include "support/mpi_main.hpp"
 
 using namespace resume_suite;
-
-namespace {
-
-// The same directory on every rank: named after rank 0's process.
-fs::path shared_dir(trident::mpi_comm& comm, const std::string& name) {
-  std::uint64_t id = static_cast<std::uint64_t>(::getpid());
-  comm.broadcast(std::span<std::uint64_t>(&id, 1), 0);
-  const auto dir = fs::temp_directory_path() / ("trident_ckpt_mpi_" + std::to_string(id)) / name;
-  if (comm.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  comm.barrier();
-  return dir;
-}
-
-}  // namespace
 
 TEST_CASE("checkpoint (MPI): 10 steps, save, load, 10 steps equals 20 steps bit for bit, ZeRO 0-3, fp32, bf16 and fp16") {
   auto& comm = test_support::mpi_world();

@@ -20,6 +20,10 @@
 #                      watchdog's timeout (TRIDENT_MPI_TIMEOUT=3) naming all_reduce; memory may be
 #                      corrupted first (Open MPI 4.1 aborts rank 0 in malloc; under ASan, ASan reports the
 #                      overflow and ends the job): the documented price of turning the check off
+#   throws / stall / killed  rank 1 throws out of main (std::terminate), sleeps for 10 minutes,
+#                      or SIGKILLs itself, while rank 0 waits in an all_reduce: the job ends
+#                      (mpirun on the abort or the signal; the watchdog, naming the all_reduce,
+#                      on the stall, TRIDENT_MPI_TIMEOUT=3), never hangs
 #   mpi_misuse.sh MPIEXEC WORKER
 set -uo pipefail
 mpiexec=$1 worker=$2
@@ -96,6 +100,18 @@ grep -qF "check_arguments on" <<<"$output" && fail "TRIDENT_CHECK_COLLECTIVES=0 
 grep -qE "waited [0-9]+ ms in all_reduce|caught: .*all_reduce|leaves after an error \(all_reduce\)|AddressSanitizer: heap-buffer-overflow" <<<"$output" ||
   fail "nothing names the all_reduce (nor did AddressSanitizer report the overflow)"
 grep -qF "mismatched all_reduce returned" <<<"$output" && fail "a mismatched all_reduce returned"
+
+for m in throws killed; do
+  run $m TRIDENT_MPI_TIMEOUT=30
+  [[ $status -ne 0 && $status -ne 124 ]] || fail "expected the job to end with an error, got $status"
+  ((seconds < 25)) || fail "took ${seconds}s: it waited for the watchdog (or longer), not for rank 1's end"
+  grep -qF "the all_reduce returned" <<<"$output" && fail "rank 0's all_reduce returned"
+done
+run stall TRIDENT_MPI_TIMEOUT=3
+[[ $status -ne 0 && $status -ne 124 ]] || fail "expected the watchdog to end the job, got $status"
+((seconds < 60)) || fail "took ${seconds}s"
+expect "(timeout 3000 ms): a peer is not taking part"
+grep -qE "rank 0 waited [0-9]+ ms in all_reduce" <<<"$output" || fail "the message does not name rank 0's all_reduce"
 
 echo "$failures failure(s)"
 exit $((failures != 0))

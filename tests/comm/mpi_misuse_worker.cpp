@@ -1,10 +1,15 @@
 // A small MPI program that misuses the communicator on purpose, for tests/comm/mpi_misuse.sh:
 // each mode must end (the job ended with a message, or an error on every rank), never hang.
 //   mpi_misuse_worker leave-after-error | mismatch | mismatch-checked | symmetric-error |
-//                     dropped-async | dropped-async-all-finish | huge-count | huge-count-unchecked
+//                     dropped-async | dropped-async-all-finish | huge-count | huge-count-unchecked |
+//                     throws | stall | killed
 // The script sets TRIDENT_CHECK_COLLECTIVES=0 where a mode needs the argument check off.
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
+#include <thread>
 #include <exception>
 #include <string>
 #include <vector>
@@ -18,7 +23,17 @@ int main(int argc, char** argv) {
   std::vector<float> x(1000, 1.0f);
   std::printf("rank %d: %s\n", comm.rank(), mode.c_str());
   std::fflush(stdout);
-  if (mode == "leave-after-error") {
+  if (mode == "throws" || mode == "stall" || mode == "killed") {
+    // Rank 1 fails in the three ways a process can (an exception nobody catches, a stall, a
+    // signal) while rank 0 waits for it in an all_reduce.
+    if (comm.rank() == 1) {
+      if (mode == "throws") throw std::runtime_error("rank 1: loss is NaN (thrown out of main on purpose)");
+      if (mode == "killed") std::raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::minutes(10));
+    }
+    comm.all_reduce(x);
+    std::printf("rank 0: the all_reduce returned (it must not)\n");
+  } else if (mode == "leave-after-error") {
     // Rank 1 hits an error, catches it and leaves main; rank 0 waits for it in an all_reduce.
     if (comm.rank() == 1) {
       try {

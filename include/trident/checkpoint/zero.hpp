@@ -10,7 +10,10 @@
 //   load(comm, zero, dir)                   collective; any world size or stage (resharding)
 //   load_latest(comm, zero, root)           the newest checkpoint that verifies, falling back
 //   checkpoints(root)                       complete checkpoints under root, newest first
-//   verify(dir)                             the manifest's sizes and xxh64 checksums
+//   verify(dir)                             the manifest's xxh64 checksums
+//   class corrupt_checkpoint                incomplete, truncated or corrupt: what load_latest
+//                                           goes past (another model or precision is a
+//                                           usage_error, which it raises)
 //
 // On disk (docs/checkpoint_format.md):
 //   <root>/step_00000020/
@@ -74,6 +77,7 @@
 
 #include "trident/checkpoint/safetensors.hpp"
 #include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/space_span.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
@@ -86,6 +90,17 @@ struct save_options {
   bool sync = true;                             // fsync files and directories (off only for tests of speed)
   //! How long rank 0 waits for the other ranks' files before it gives the checkpoint up.
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
+//! A checkpoint that is incomplete, truncated or corrupt (a missing or unreadable MANIFEST, a
+//! checksum that does not match, a missing file or piece): load_latest goes past it. Whatever
+//! else fails a load (another model, precision or optimizer: a usage_error) is raised by
+//! load_latest too, not skipped: starting afresh would silently throw the training away.
+class corrupt_checkpoint : public error {
+ public:
+  explicit corrupt_checkpoint(std::string_view message, std::string_view operation = {},
+                              std::source_location where = std::source_location::current())
+      : error("trident checkpoint error", message, operation, where) {}
 };
 
 struct load_result {
@@ -210,39 +225,69 @@ inline bool parse_piece_key(const std::string& key, std::string& field, std::str
 inline std::map<std::string, std::uint64_t> read_manifest(const std::filesystem::path& dir) {
   const auto path = dir / "MANIFEST";
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw error(concat("checkpoint ", dir.string(), ": no MANIFEST (an incomplete checkpoint: the manifest is written last)"));
+  if (!in) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no MANIFEST (an incomplete checkpoint: the manifest is written last)"));
   std::map<std::string, std::uint64_t> out;
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
     ++n;
     if (line.size() < 19 || line[16] != ' ' || line[17] != ' ')
-      throw error(concat("checkpoint ", path.string(), " line ", n, ": expected \"<16 hex digits>  <file>\""));
+      throw corrupt_checkpoint(concat("checkpoint ", path.string(), " line ", n, ": expected \"<16 hex digits>  <file>\""));
     std::uint64_t h = 0;
     for (int i = 0; i < 16; ++i) {
       const char c = line[static_cast<std::size_t>(i)];
       const int d = c >= '0' && c <= '9' ? c - '0' : (c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1);
-      if (d < 0) throw error(concat("checkpoint ", path.string(), " line ", n, ": '", c, "' is not a lower-case hex digit"));
+      if (d < 0) throw corrupt_checkpoint(concat("checkpoint ", path.string(), " line ", n, ": '", c, "' is not a lower-case hex digit"));
       h = (h << 4) | static_cast<std::uint64_t>(d);
     }
     const std::string file = line.substr(18);
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
-      throw error(concat("checkpoint ", path.string(), " line ", n, ": '", file, "' is not a file name of the checkpoint"));
-    if (!out.emplace(file, h).second) throw error(concat("checkpoint ", path.string(), ": ", file, " is listed twice"));
+      throw corrupt_checkpoint(concat("checkpoint ", path.string(), " line ", n, ": '", file, "' is not a file name of the checkpoint"));
+    if (!out.emplace(file, h).second) throw corrupt_checkpoint(concat("checkpoint ", path.string(), ": ", file, " is listed twice"));
   }
-  if (out.empty()) throw error(concat("checkpoint ", path.string(), " lists no files"));
+  if (out.empty()) throw corrupt_checkpoint(concat("checkpoint ", path.string(), " lists no files"));
   return out;
 }
 
-// Every rank's verdict: 0 = fine, else the first failed rank + 1 on every rank.
+// The few collectives a checkpoint needs, on host values, for a communicator of any memory
+// space: a device communicator's are staged through its own space. (A copy from pageable memory
+// to a device may return before its DMA lands; one element copied back on the same legacy
+// stream returns after it, so the collective on the communicator's stream reads the value.)
+template <class T, class Space>
+void stage_in(const T* host, std::size_t n, buffer<T, Space>& device) {
+  trident::copy(space_span<const T, host_space>(host, n), space_span<T, Space>(device.data(), n));
+  if (n != 0) {
+    T probe{};
+    trident::copy(space_span<const T, Space>(device.data(), 1), space_span<T, host_space>(&probe, 1));
+  }
+}
 template <communicator Comm>
-int first_failure(Comm& comm, bool failed) {
-  std::vector<std::uint64_t> flags(static_cast<std::size_t>(comm.size()), 0);
-  const std::uint64_t mine = failed ? 1 : 0;
-  comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(flags));
-  for (std::size_t r = 0; r < flags.size(); ++r)
-    if (flags[r] != 0) return static_cast<int>(r) + 1;
-  return 0;
+std::vector<std::uint64_t> all_gather_values(Comm& comm, std::uint64_t mine) {
+  using space = typename Comm::space;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()), 0);
+  if constexpr (space::host_accessible) {
+    comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all));
+  } else {
+    buffer<std::uint64_t, space> in(1, mem_category::communication), out(all.size(), mem_category::communication);
+    stage_in(&mine, 1, in);
+    comm.all_gather(in, out);
+    comm.synchronize();
+    trident::copy(space_span<const std::uint64_t, space>(out.data(), all.size()), space_span<std::uint64_t, host_space>(all));
+  }
+  return all;
+}
+template <communicator Comm, class T>
+void broadcast_values(Comm& comm, std::vector<T>& values, int root) {
+  using space = typename Comm::space;
+  if constexpr (space::host_accessible) {
+    comm.broadcast(std::span<T>(values), root);
+  } else {
+    buffer<T, space> staged(values.size(), mem_category::communication);
+    stage_in(values.data(), values.size(), staged);
+    comm.broadcast(staged, root);
+    comm.synchronize();
+    trident::copy(space_span<const T, space>(staged.data(), values.size()), space_span<T, host_space>(values));
+  }
 }
 
 // Runs `work` on this rank and agrees with the others on whether it failed: every rank throws
@@ -255,9 +300,31 @@ void agreed(Comm& comm, std::string_view what, Work work) {
   } catch (...) {
     mine = std::current_exception();
   }
-  const int failed = first_failure(comm, mine != nullptr);
+  // What failed travels with the verdict, so every rank throws the same kind of error (and
+  // load_latest decides alike everywhere whether to go on to an older checkpoint).
+  std::uint64_t kind = 0;
+  if (mine) {
+    kind = 3;
+    try {
+      std::rethrow_exception(mine);
+    } catch (const corrupt_checkpoint&) {
+      kind = 1;
+    } catch (const format_error&) {
+      kind = 1;
+    } catch (const usage_error&) {
+      kind = 2;
+    } catch (...) {
+    }
+  }
+  const auto kinds = all_gather_values(comm, kind);
   if (mine) std::rethrow_exception(mine);
-  if (failed != 0) throw error(concat(what, ": rank ", failed - 1, " failed (its error is raised there); nothing was changed on this rank's side of it"));
+  for (std::size_t r = 0; r < kinds.size(); ++r) {
+    if (kinds[r] == 0) continue;
+    const std::string why = concat(what, ": rank ", r, " failed (its error is raised there); nothing was changed on this rank's side of it");
+    if (kinds[r] == 1) throw corrupt_checkpoint(why);
+    if (kinds[r] == 2) throw usage_error(why);
+    throw error(why);
+  }
 }
 
 }  // namespace detail
@@ -267,10 +334,10 @@ void agreed(Comm& comm, std::string_view what, Work work) {
 inline void verify(const std::filesystem::path& dir) {
   for (const auto& [file, hash] : detail::read_manifest(dir)) {
     const auto p = dir / file;
-    if (!std::filesystem::is_regular_file(p)) throw error(detail::concat("checkpoint ", dir.string(), ": ", file, " is missing"));
+    if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(detail::concat("checkpoint ", dir.string(), ": ", file, " is missing"));
     const std::uint64_t got = detail::file_xxh64(p);
     if (got != hash)
-      throw error(detail::concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", detail::hex64(got),
+      throw corrupt_checkpoint(detail::concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", detail::hex64(got),
                                  ", the manifest says ", detail::hex64(hash), ")"));
   }
 }
@@ -304,8 +371,10 @@ struct rank_snapshot {
 };
 
 template <class Zero>
-rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, const save_options& options) {
+rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, const save_options& options,
+                            std::vector<std::byte> reuse) {
   rank_snapshot snap;
+  snap.host = std::move(reuse);  // a previous save's memory: no allocation, no page faults
   const auto fields = zero.state_fields();
   const auto& layout = zero.layout();
   std::size_t total = 0;
@@ -461,6 +530,12 @@ class pending_save {
   pending_save(std::filesystem::path path, std::unique_ptr<detail::save_state> state)
       : path_(std::move(path)), state_(std::move(state)) {}
   pending_save(pending_save&&) noexcept = default;
+  //! Waits (rethrowing the save's error) and hands over the host memory of its snapshot, for the
+  //! next save_async to copy into without allocating.
+  std::vector<std::byte> release_memory() {
+    wait();
+    return std::move(memory_);
+  }
   pending_save& operator=(pending_save&& other) noexcept {
     if (this != &other) {
       finish_quietly();
@@ -477,7 +552,14 @@ class pending_save {
   void wait() {
     if (!state_) return;
     auto s = std::move(state_);
-    s->finished.get();
+    std::exception_ptr failure;
+    try {
+      s->finished.get();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    memory_ = std::move(s->snapshot.host);  // kept for release_memory(), even if the save failed
+    if (failure) std::rethrow_exception(failure);
   }
 
  private:
@@ -492,6 +574,7 @@ class pending_save {
   }
   std::filesystem::path path_;
   std::unique_ptr<detail::save_state> state_;
+  std::vector<std::byte> memory_;
 };
 
 //! Starts saving this data-parallel group's optimizer state as <root>/step_<step> (see the top
@@ -501,12 +584,18 @@ class pending_save {
 //! for its start only. Every rank must wait() before its next save; rank 0's wait() returns
 //! once the checkpoint is complete.
 //!
-//!   auto pending = trident::checkpoint::save_async(comm, zero, "ckpt", step);
-//!   ... train on ...
+//! Passing the previous pending_save waits for it and reuses its host memory (the copy then
+//! allocates nothing and takes no page faults: the stall is one memcpy).
+//!
+//!   trident::checkpoint::pending_save pending;
+//!   for (...) {
+//!     ... a step ...
+//!     if (step % 100 == 0) pending = trident::checkpoint::save_async(comm, zero, "ckpt", step, {}, std::move(pending));
+//!   }
 //!   pending.wait();
 template <communicator Comm, class Zero>
 pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step,
-                        const save_options& options = {}) {
+                        const save_options& options = {}, pending_save previous = {}) {
   using namespace detail;
   TRIDENT_EXPECT(step >= 0, "checkpoint::save: step ", step, "; expected >= 0");
   TRIDENT_EXPECT(options.keep >= 0, "checkpoint::save: keep = ", options.keep, "; expected 0 (keep all) or more");
@@ -515,7 +604,9 @@ pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& roo
   const auto final_dir = root / name;
   const auto tmp = root / (".tmp." + name);
   const int rank = comm.rank(), world = comm.size();
+  std::vector<std::byte> memory;
   agreed(comm, "checkpoint::save", [&] {
+    memory = previous.release_memory();  // the previous save must be complete (and its error seen)
     if (rank == 0) {
       std::filesystem::create_directories(root);
       std::filesystem::remove_all(tmp);
@@ -523,7 +614,10 @@ pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& roo
     }
   });
   auto state = std::make_unique<save_state>();
-  state->snapshot = take_snapshot(zero, rank, world, step, options);
+  // Device memory: the optimizer's last work is queued on the communicator's stream, which a
+  // plain copy is not ordered with.
+  if constexpr (!Zero::space::host_accessible) comm.synchronize();
+  state->snapshot = take_snapshot(zero, rank, world, step, options, std::move(memory));
   // The snapshot lives on the heap with the future, so the pending_save may move.
   state->finished = std::async(std::launch::async, [snap = &state->snapshot, root, tmp, final_dir, rank, world, options] {
     write_checkpoint(*snap, root, tmp, final_dir, rank, world, options);
@@ -555,9 +649,37 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
   typename Zero::counters counters{};
   auto fields = zero.state_fields();
   const auto& layout = zero.layout();
-  agreed(comm, concat("checkpoint::load(", dir.string(), ")"), [&] {
-    verify(dir);
-    const auto manifest = read_manifest(dir);
+  const std::string what = concat("checkpoint::load(", dir.string(), ")");
+  std::map<std::string, std::uint64_t> manifest;
+  agreed(comm, what, [&] { manifest = read_manifest(dir); });
+  // The checksums, split over the ranks (each file is read from disk once, not once per rank);
+  // every rank learns which file is bad, and the rank that found it why.
+  {
+    const std::vector<std::pair<std::string, std::uint64_t>> listed(manifest.begin(), manifest.end());
+    std::uint64_t bad = 0;
+    std::string why;
+    for (std::size_t i = static_cast<std::size_t>(comm.rank()); i < listed.size() && bad == 0; i += static_cast<std::size_t>(comm.size())) {
+      try {
+        const auto p = dir / listed[i].first;
+        if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[i].first, " is missing"));
+        const std::uint64_t got = file_xxh64(p);
+        if (got != listed[i].second)
+          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[i].first, " is corrupt (xxh64 ", hex64(got), ", the manifest says ",
+                             hex64(listed[i].second), ")"));
+      } catch (const std::exception& e) {
+        bad = i + 1;
+        why = e.what();
+      }
+    }
+    const auto verdicts = all_gather_values(comm, bad);
+    for (std::size_t r = 0; r < verdicts.size(); ++r)
+      if (verdicts[r] != 0) {
+        if (static_cast<int>(r) == comm.rank()) throw corrupt_checkpoint(why);
+        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[verdicts[r] - 1].first, " is corrupt or missing (rank ", r,
+                           " verified it and raises the details)"));
+      }
+  }
+  agreed(comm, what, [&] {
     std::vector<std::string> files;
     for (const auto& [f, h] : manifest)
       if (f != "index.json") files.push_back(f);
@@ -566,15 +688,15 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
     for (const auto& f : files) opened.emplace_back(dir / f);
     // The counters and the model, from rank 0's file.
     const auto first = std::find(files.begin(), files.end(), rank_file(0));
-    if (first == files.end()) throw error(concat("checkpoint ", dir.string(), ": no ", rank_file(0)));
+    if (first == files.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no ", rank_file(0)));
     const auto& meta = opened[static_cast<std::size_t>(first - files.begin())].header().metadata;
     auto get = [&](const std::string& k) -> const std::string& {
       auto it = meta.find(k);
-      if (it == meta.end()) throw error(concat("checkpoint ", dir.string(), ": ", rank_file(0), " has no metadata '", k, "'"));
+      if (it == meta.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", rank_file(0), " has no metadata '", k, "'"));
       return it->second;
     };
     if (get("format") != format_name || get("version") != std::to_string(format_version))
-      throw error(concat("checkpoint ", dir.string(), ": format '", get("format"), "' version ", get("version"), "; expected '",
+      throw usage_error(concat("checkpoint ", dir.string(), ": format '", get("format"), "' version ", get("version"), "; expected '",
                          format_name, "' version ", format_version));
     auto integer = [&](const std::string& k) {
       const std::string& v = get(k);
@@ -585,7 +707,7 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
       } catch (...) {
         used = 0;
       }
-      if (used != v.size() || v.empty()) throw error(concat("checkpoint ", dir.string(), ": metadata '", k, "' = '", v, "' is not an integer"));
+      if (used != v.size() || v.empty()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": metadata '", k, "' = '", v, "' is not an integer"));
       return static_cast<std::int64_t>(x);
     };
     result.step = integer("step");
@@ -600,7 +722,7 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
     std::string model;
     for (std::size_t t = 0; t < layout.tensors(); ++t) model += concat(layout.name_at(t), " ", layout.at_index(t).numel, "\n");
     if (get("model") != model)
-      throw error(concat("checkpoint ", dir.string(), ": its model differs from this optimizer's (tensor names and sizes, in "
+      throw usage_error(concat("checkpoint ", dir.string(), ": its model differs from this optimizer's (tensor names and sizes, in "
                          "order). The checkpoint's:\n", get("model"), "this one's:\n", model));
 
     // Every piece, by field and tensor.
@@ -611,12 +733,12 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
         std::string field, tensor;
         std::size_t begin = 0;
         if (!parse_piece_key(t.name, field, tensor, begin) || t.shape.size() != 1)
-          throw error(concat("checkpoint ", dir.string(), ": ", files[i], " holds '", t.name, "', which is not a 1-D piece named "
+          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", files[i], " holds '", t.name, "', which is not a 1-D piece named "
                              "<field>/<tensor>@<first element>"));
         pieces[field][tensor].push_back({i, t.name, begin, static_cast<std::size_t>(t.shape[0])});
         auto [it, added] = field_types.emplace(field, t.type);
         if (!added && it->second != t.type)
-          throw error(concat("checkpoint ", dir.string(), ": field '", field, "' is stored both as ", name_of(it->second), " and ",
+          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": field '", field, "' is stored both as ", name_of(it->second), " and ",
                              name_of(t.type)));
       }
     for (const auto& f : fields) {
@@ -624,15 +746,18 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
       if (ft == field_types.end()) {
         std::string have;
         for (const auto& [n, t] : field_types) have += concat(have.empty() ? "" : ", ", n, " (", name_of(t), ")");
-        throw error(concat("checkpoint ", dir.string(), " has no '", f.name, "' (", name_of(f.type), "), which this optimizer "
+        throw usage_error(concat("checkpoint ", dir.string(), " has no '", f.name, "' (", name_of(f.type), "), which this optimizer "
                            "holds; it has: ", have, ". Load it with the precision and optimizer it was saved with"));
       }
       if (ft->second != f.type)
-        throw error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
+        throw usage_error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
                            " here; load it with the precision it was saved with"));
     }
-    // Fill every held range from the pieces that overlap it.
+    // Fill every held range from the pieces that overlap it (on a device, after the optimizer's
+    // queued work: the copies are not on the communicator's stream).
+    if constexpr (!Zero::space::host_accessible) comm.synchronize();
     std::vector<std::byte> host;
+    std::byte* last_written = nullptr;
     for (const auto& f : fields) {
       const std::size_t elem = size_of(f.type);
       const auto& by_tensor = pieces[f.name];
@@ -650,39 +775,53 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
           }
         // Pieces never overlap (each element is written by one rank), so full coverage is a count.
         if (covered != r.count)
-          throw error(concat("checkpoint ", dir.string(), ": '", f.name, "' of ", tensor, " elements ", r.begin, "..",
+          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": '", f.name, "' of ", tensor, " elements ", r.begin, "..",
                              r.begin + r.count, " are ", covered == 0 ? "missing" : "only partly there", " (", covered, " of ",
                              r.count, " found)"));
         trident::detail::copy_bytes(static_cast<std::byte*>(f.data) + r.at * elem, Zero::space::host_accessible, host.data(),
                                     true, host.size());
+        last_written = static_cast<std::byte*>(f.data) + r.at * elem;
       }
     }
+    // A copy from pageable memory to a device may return before its DMA lands; one byte copied
+    // back on the same (legacy) stream returns only after it, so the optimizer's next work on
+    // its own stream sees the loaded state.
+    (void)last_written;
+    if constexpr (!Zero::space::host_accessible)
+      if (last_written != nullptr) {
+        std::byte probe{};
+        trident::detail::copy_bytes(&probe, true, last_written, false, 1);
+      }
     zero.restore_counters(counters);
   });
   return result;
 }
 
 //! Loads the newest checkpoint under `root` that verifies and loads, going past broken ones
-//! (a save cut short, a corrupt file); nullopt when there is none. Collective.
+//! (corrupt_checkpoint: a save cut short, a corrupt file; their messages go to `skipped`);
+//! nullopt when there is none. Any other failure (another model or precision) is raised.
+//! Collective.
 template <communicator Comm, class Zero>
 std::optional<load_result> load_latest(Comm& comm, Zero& zero, const std::filesystem::path& root,
                                        std::vector<std::string>* skipped = nullptr) {
   // Rank 0's listing is everyone's: ranks must try the same directories in the same order.
   std::vector<std::filesystem::path> found;
   if (comm.rank() == 0) found = checkpoints(root);
-  std::uint64_t n = found.size();
-  comm.broadcast(std::span<std::uint64_t>(&n, 1), 0);
-  for (std::uint64_t i = 0; i < n; ++i) {
+  std::vector<std::uint64_t> n{found.size()};
+  detail::broadcast_values(comm, n, 0);
+  for (std::uint64_t i = 0; i < n[0]; ++i) {
     std::string name = comm.rank() == 0 ? found[i].filename().string() : std::string();
-    std::uint64_t len = name.size();
-    comm.broadcast(std::span<std::uint64_t>(&len, 1), 0);
+    std::vector<std::uint64_t> len{name.size()};
+    detail::broadcast_values(comm, len, 0);
     std::vector<std::uint8_t> bytes(name.begin(), name.end());
-    bytes.resize(len);
-    comm.broadcast(std::span<std::uint8_t>(bytes), 0);
+    bytes.resize(len[0]);
+    detail::broadcast_values(comm, bytes, 0);
     const auto dir = root / std::string(bytes.begin(), bytes.end());
     try {
       return load(comm, zero, dir);
-    } catch (const error& e) {
+    } catch (const corrupt_checkpoint& e) {
+      if (skipped) skipped->push_back(e.what());
+    } catch (const format_error& e) {  // a rank file that is not safetensors (this rank found it)
       if (skipped) skipped->push_back(e.what());
     }
   }

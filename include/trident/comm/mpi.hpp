@@ -1010,7 +1010,17 @@ class mpi_comm : public collectives<mpi_comm, host_space> {
     values[root] = rooted ? c.root : -1;
     for (int i = 0; i < fields; ++i) values[fields + i] = -values[i];
     {
-      const detail::mpi_deadline deadline("the argument check", rank_, timeout_);
+      // The watchdog keeps the pointer: a string literal per collective, naming the call.
+      const char* label = "barrier (its argument check)";
+      if (!barrier) switch (c.kind) {
+          case collective::all_reduce: label = "all_reduce (its argument check)"; break;
+          case collective::reduce_scatter: label = "reduce_scatter (its argument check)"; break;
+          case collective::all_gather: label = "all_gather (its argument check)"; break;
+          case collective::broadcast: label = "broadcast (its argument check)"; break;
+          case collective::reduce: label = "reduce (its argument check)"; break;
+          case collective::all_to_all: label = "all_to_all (its argument check)"; break;
+        }
+      const detail::mpi_deadline deadline(label, rank_, timeout_);
       TRIDENT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, 2 * fields, MPI_INT64_T, MPI_MAX, comm_));
     }
     const auto low = [&](int f) { return -values[fields + f]; };
