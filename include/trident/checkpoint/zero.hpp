@@ -331,15 +331,20 @@ void agreed(Comm& comm, std::string_view what, Work work) {
 
 //! Whether `dir` is a complete checkpoint whose files match its MANIFEST (size and xxh64).
 //! Throws trident::error naming the first problem.
+namespace detail {
+// One file of a checkpoint against its MANIFEST line.
+inline void check_file(const std::filesystem::path& dir, const std::string& file, std::uint64_t hash) {
+  const auto p = dir / file;
+  if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is missing"));
+  const std::uint64_t got = file_xxh64(p);
+  if (got != hash)
+    throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", hex64(got),
+                                    ", the manifest says ", hex64(hash), ")"));
+}
+}  // namespace detail
+
 inline void verify(const std::filesystem::path& dir) {
-  for (const auto& [file, hash] : detail::read_manifest(dir)) {
-    const auto p = dir / file;
-    if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(detail::concat("checkpoint ", dir.string(), ": ", file, " is missing"));
-    const std::uint64_t got = detail::file_xxh64(p);
-    if (got != hash)
-      throw corrupt_checkpoint(detail::concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", detail::hex64(got),
-                                 ", the manifest says ", detail::hex64(hash), ")"));
-  }
+  for (const auto& [file, hash] : detail::read_manifest(dir)) detail::check_file(dir, file, hash);
 }
 
 //! The checkpoints under root (step_N directories with a MANIFEST; not verified), newest first.
@@ -660,12 +665,7 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
     std::string why;
     for (std::size_t i = static_cast<std::size_t>(comm.rank()); i < listed.size() && bad == 0; i += static_cast<std::size_t>(comm.size())) {
       try {
-        const auto p = dir / listed[i].first;
-        if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[i].first, " is missing"));
-        const std::uint64_t got = file_xxh64(p);
-        if (got != listed[i].second)
-          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[i].first, " is corrupt (xxh64 ", hex64(got), ", the manifest says ",
-                             hex64(listed[i].second), ")"));
+        check_file(dir, listed[i].first, listed[i].second);
       } catch (const std::exception& e) {
         bad = i + 1;
         why = e.what();
