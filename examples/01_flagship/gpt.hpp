@@ -42,6 +42,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "trident/checkpoint/zero.hpp"
 #include "trident/comm/communicator.hpp"
 #include "trident/comm/process_grid.hpp"
 #include "trident/core/buffer.hpp"
@@ -202,6 +204,14 @@ class chunk_runner {
   virtual void finish_backward() = 0;
   virtual step_outcome step() = 0;
   virtual float loss_scale() const = 0;
+  //! Checkpoints of the whole grid's optimizer state (trident/checkpoint/zero.hpp), collective
+  //! over the world: save_checkpoint starts an asynchronous save (waiting for the previous
+  //! one), finish_saves waits for the last, load_checkpoint loads the newest good one under
+  //! `root` (any layout it was saved in), or returns nullopt when there is none.
+  virtual void save_checkpoint(const std::filesystem::path& root, std::int64_t step, std::map<std::string, std::string> metadata,
+                               int keep) = 0;
+  virtual void finish_saves() = 0;
+  virtual std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root) = 0;
 };
 
 //! This rank's chunks of the model and the optimizer that holds their parameters.
@@ -221,7 +231,7 @@ class gpt_rank final : public chunk_runner {
   //! the pipeline axis, `micro_batches` per step and data-parallel rank, `batch` rows each.
   gpt_rank(trident::process_grid<Comm>& grid, const gpt_config& c, int chunks, int micro_batches, std::size_t batch, Opt opt,
            zero::zero_options options, std::uint64_t seed, typename Precision::scaler_type scaler = {})
-      : tp_(&grid.tensor()), pipe_(&grid.pipeline()), c_(validated(c, grid, chunks)), chunks_(chunks),
+      : world_(&grid.world()), tp_(&grid.tensor()), pipe_(&grid.pipeline()), c_(validated(c, grid, chunks)), chunks_(chunks),
         p_(grid.pipeline().size()), prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
                    .sequence_parallel = c.sequence_parallel},
@@ -235,7 +245,7 @@ class gpt_rank final : public chunk_runner {
     trident::model_spec spec;
     std::vector<const gpt_parameter*> mine;
     auto add = [&](const gpt_parameter& p, int layer) {
-      spec.add(p.name, p.split.local_shape(), layer, p.split.is_split() ? trident::model_copy::shard : trident::model_copy::replica);
+      spec.add(p.name, p.split, t_rank, layer);  // part t_rank of the global tensor (checkpoints reshard by it)
       mine.push_back(&p);
     };
     auto find = [&](const std::string& name) -> const gpt_parameter& {
@@ -413,6 +423,27 @@ class gpt_rank final : public chunk_runner {
   step_outcome step() override {
     const auto r = z_->step();
     for (auto& ch : chunks_mine_) ch.backwards = 0;
+    send_tied_embedding();
+    return {r.grad_norm, r.applied};
+  }
+
+  void save_checkpoint(const std::filesystem::path& root, std::int64_t step, std::map<std::string, std::string> metadata,
+                       int keep) override {
+    pending_save_ = trident::checkpoint::save_async(*world_, *z_, root, step, {.metadata = std::move(metadata), .keep = keep},
+                                                    std::move(pending_save_));
+  }
+  void finish_saves() override {
+    trident::checkpoint::detail::agreed(*world_, "gpt_rank::finish_saves", [&] { pending_save_.wait(); });
+  }
+  std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root) override {
+    auto r = trident::checkpoint::load_latest(*world_, *z_, root);
+    if (r) send_tied_embedding();  // the last chunk's copy of the token embedding, as loaded
+    return r;
+  }
+
+ private:
+  // The token embedding's working weights from chunk 0's rank to the last chunk's copy.
+  void send_tied_embedding() {
     if (chunks_ > 1) {
       if (owns(0)) {
         std::span<const half_type> w = z_->parameters(wte_h_);
@@ -430,8 +461,9 @@ class gpt_rank final : public chunk_runner {
         pipe_->recv(wte_copy_.span(), 0);
       }
     }
-    return {r.grad_norm, r.applied};
   }
+
+ public:
 
   //! Forward only (validation): micro-batch `mb` of the batches set, nothing kept.
   message evaluate(int k, const message& x, int mb) override {
@@ -706,8 +738,10 @@ class gpt_rank final : public chunk_runner {
     z_->grad_ready(ch.final_layer);
   }
 
+  Comm* world_;
   Comm* tp_;
   Comm* pipe_;
+  trident::checkpoint::pending_save pending_save_;  // the last asynchronous save
   gpt_config c_;
   int chunks_, p_, prank_, m_;
   std::size_t batch_;

@@ -68,6 +68,11 @@ constexpr const char* usage = R"(usage: flagship [options]
   --eval-every N         validation loss every N steps (default 50; 0: never)
   --trace-step N         write step N's timeline (Chrome trace) to DIR/trace.json (default 2; 0: none)
   --out DIR              loss.csv, loss.svg and trace.json (default build/flagship)
+  --save DIR --save-every N --keep K
+                         a checkpoint every N steps into DIR (asynchronous; the newest K kept,
+                         default all); docs/checkpoint_format.md
+  --resume               continue from the newest good checkpoint in DIR (--save's; saved in any
+                         grid layout and ZeRO stage, with the same global batch) up to --steps
 )";
 
 using arguments = std::vector<std::pair<std::string, std::string>>;  // (option, value)
@@ -75,11 +80,11 @@ using arguments = std::vector<std::pair<std::string, std::string>>;  // (option,
 // The options and their values, checked for names and arity; applied later, once the world
 // size is known (a config's batch sizes depend on it).
 arguments collect(int argc, char** argv) {
-  static const std::vector<std::string> flags{"--sequence-parallel"};
+  static const std::vector<std::string> flags{"--sequence-parallel", "--resume"};
   static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
                                                "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
                                                "--seed", "--precision", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
-                                               "--trace-step", "--out"};
+                                               "--trace-step", "--out", "--save", "--save-every", "--keep"};
   arguments out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -270,6 +275,10 @@ settings build(const arguments& args, int world_size) {
     } else if (a == "--eval-every") o.eval_every = integer(a, v);
     else if (a == "--trace-step") o.trace_step = integer(a, v);
     else if (a == "--out") s.out = v;
+    else if (a == "--save") o.checkpoint_dir = v;
+    else if (a == "--save-every") o.save_every = integer(a, v);
+    else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v));
+    else if (a == "--resume") o.resume = true;
   }
   if (!schedule_given) default_schedule(s);
   TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16" || s.precision == "fp16",
@@ -314,8 +323,10 @@ void run(Comm& world, const settings& s, double peak_flops) {
   flagship::progress bar{o.steps, o.model.flops_per_token(), peak_flops};
   const bool tty = isatty(STDOUT_FILENO) != 0;
   const bool scaled = s.precision.starts_with("fp16");
+  bool first_step = true;
   const auto reports = flagship::train<Precision>(world, o, [&](const flagship::step_report& r) {
-    if (r.step == 1) {  // memory by category once everything is allocated, rank after rank
+    if (first_step) {  // memory by category once everything is allocated, rank after rank
+      first_step = false;
       for (int k = 0; k < world.size(); ++k) {
         if (k == world.rank()) {
           std::printf("%s", trident::current_ledger()->report().c_str());
@@ -332,6 +343,11 @@ void run(Comm& world, const settings& s, double peak_flops) {
     std::fflush(stdout);
   });
   if (!speaker) return;
+  if (reports.empty()) {
+    std::printf("nothing to train: the checkpoint in %s is at step %ld or later (--steps)\n", o.checkpoint_dir.c_str(), o.steps);
+    return;
+  }
+  if (reports.front().step > 1) std::printf("resumed from the checkpoint of step %ld in %s\n", reports.front().step - 1, o.checkpoint_dir.c_str());
   const auto& csv = s.loss_csv;
   const auto& svg = s.loss_svg;
   flagship::write_loss_csv(csv, reports);
@@ -339,8 +355,8 @@ void run(Comm& world, const settings& s, double peak_flops) {
   std::snprintf(title, sizeof title, "GPT %zu x %zu on (d, t, p) = (%d, %d, %d), ZeRO-%d, %s", o.model.layers, o.model.hidden, d,
                 o.tensor, o.pipeline, o.zero_stage, s.precision.c_str());
   flagship::write_loss_svg(svg, reports, title);
-  std::printf("loss %.4f -> %.4f over %ld steps; curve in %s and %s", reports.front().loss, reports.back().loss, o.steps,
-              csv.c_str(), svg.c_str());
+  std::printf("loss %.4f -> %.4f over steps %ld-%ld; curve in %s and %s", reports.front().loss, reports.back().loss,
+              reports.front().step, reports.back().step, csv.c_str(), svg.c_str());
   if (o.trace_step >= 1 && o.trace_step <= o.steps)
     std::printf("; step %ld's timeline in %s (open it in https://ui.perfetto.dev)", o.trace_step, o.trace_file.c_str());
   std::printf("\n");

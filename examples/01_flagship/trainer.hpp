@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <limits>
 #include <string>
@@ -83,6 +84,14 @@ struct train_options {
   //! scale S (DeepSpeed's "loss_scale": S) is the same scaler with initial, minimum and maximum S
   //! and no error at the minimum: overflowing steps are still skipped.
   trident::dynamic_loss_scaler::options dynamic_scaler;
+  //! Checkpoints (trident/checkpoint/zero.hpp): every `save_every` steps into checkpoint_dir,
+  //! asynchronously, keeping the newest `keep_checkpoints` (0: all). With `resume`, training
+  //! continues from the newest good checkpoint there (saved in any grid layout and ZeRO stage;
+  //! the global batch must be the same), up to `steps`; none there: from the start.
+  std::string checkpoint_dir;
+  long save_every = 0;
+  int keep_checkpoints = 0;
+  bool resume = false;
 };
 
 struct step_report {
@@ -204,6 +213,22 @@ double share_from_last_stage(trident::process_grid<Comm>& grid, double value, bo
   return v[0];
 }
 
+// Where the data of a resumed run continues: the position the checkpoint recorded, in units of
+// this run's global batch (ranks x B x T tokens per loader step; a resharded run may cut the
+// same step's batch into more or fewer loader steps).
+inline void resume_data(trident::data::shard_loader& train, const std::map<std::string, std::string>& meta, long step) {
+  auto number = [&](const char* key) -> std::size_t {
+    const auto it = meta.find(key);
+    TRIDENT_EXPECT(it != meta.end(), "train: the checkpoint of step ", step, " has no data position ('", key, "')");
+    return static_cast<std::size_t>(std::stoull(it->second));
+  };
+  const std::size_t shard = number("data.shard"), batch = number("data.batch"), tokens = number("data.global_tokens");
+  const std::size_t mine = train.global_tokens();
+  TRIDENT_EXPECT(batch * tokens % mine == 0, "train: the checkpoint of step ", step, " stopped at batch ", batch, " of ", tokens,
+                 " tokens in shard ", shard, ", which is not a whole number of this run's global batches of ", mine, " tokens");
+  train.seek({shard, batch * tokens / mine});
+}
+
 // The training loop: compiled once per stage count N (the model behind chunk_runner).
 template <std::size_t N, class Comm>
 std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
@@ -229,8 +254,15 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
   const auto coordinates = trident::detail::concat("rank ", world.rank(), " (d ", grid.coordinate(trident::grid_axis::data), ", t ",
                                                    grid.coordinate(trident::grid_axis::tensor), ", p ",
                                                    grid.coordinate(trident::grid_axis::pipeline), ")");
+  long first = 1;
+  if (o.resume) {
+    if (const auto r = rank.load_checkpoint(o.checkpoint_dir)) {
+      first = r->step + 1;
+      resume_data(train, r->metadata, r->step);
+    }
+  }
   std::vector<step_report> reports;
-  for (long s = 1; s <= o.steps; ++s) {
+  for (long s = first; s <= o.steps; ++s) {
     std::optional<trident::trace_recorder> recorder;
     std::optional<trident::scoped_trace> tracing;
     if (s == o.trace_step) {
@@ -298,9 +330,19 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       tracing.reset();
       write_trace(world, *recorder, o.trace_file);
     }
+    if (o.save_every > 0 && s % o.save_every == 0) {
+      const trident::trace_span span("checkpoint", "save (the copy to host memory)");
+      const auto at = train.position();
+      rank.save_checkpoint(o.checkpoint_dir, s,
+                           {{"data.shard", std::to_string(at.shard)},
+                            {"data.batch", std::to_string(at.batch)},
+                            {"data.global_tokens", std::to_string(train.global_tokens())}},
+                           o.keep_checkpoints);
+    }
     if (on_step) on_step(rep);
     reports.push_back(rep);
   }
+  if (o.save_every > 0) rank.finish_saves();
   return reports;
 }
 
@@ -342,6 +384,10 @@ std::vector<step_report> train(Comm& world, const train_options& o, const std::f
   TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train: a world of ", world.size(), " ranks is not d x t x p for t = ",
                  o.tensor, " and p = ", o.pipeline, "; expected a multiple of ", o.tensor * o.pipeline);
   TRIDENT_EXPECT(o.trace_step <= 0 || !o.trace_file.empty(), "train: a trace of step ", o.trace_step, " needs a trace_file");
+  TRIDENT_EXPECT((o.save_every <= 0 && !o.resume) || !o.checkpoint_dir.empty(), "train: ",
+                 o.resume ? "resuming" : "saving checkpoints", " needs a checkpoint_dir");
+  TRIDENT_EXPECT(o.save_every >= 0 && o.keep_checkpoints >= 0, "train: save_every ", o.save_every, ", keep_checkpoints ",
+                 o.keep_checkpoints, "; expected 0 (off / keep all) or more");
   TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train: accumulation ", o.accumulation, ", steps ", o.steps,
                  "; expected at least 1 micro-batch per step and no negative step count");
   // Everything that can be checked alone is checked here, before the first collective, so that

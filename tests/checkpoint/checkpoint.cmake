@@ -3,18 +3,25 @@
 #                              every hostile header class, truncations, a seeded mutation fuzz
 #                              (TRIDENT_FUZZ_INPUTS / TRIDENT_FUZZ_SEED for longer runs)
 #   checkpoint.safetensors_py  our files read by Python's safetensors and theirs by us, value by
-#                              value; needs PyPI once for a venv under the build tree (fails,
-#                              never skips, without it: leave it out with -LE python)
+#                              value; a sharded checkpoint of a (t = 2, d = 2) grid assembled in
+#                              Python against its consolidated export, and weights written by
+#                              Python imported; needs PyPI once for a venv under the build tree
+#                              (fails, never skips, without it: leave it out with -LE python)
 trident_add_test(checkpoint.safetensors SOURCES checkpoint/test_safetensors.cpp LABELS checkpoint)
 
 add_executable(checkpoint_safetensors_tool checkpoint/safetensors_tool.cpp)
 target_link_libraries(checkpoint_safetensors_tool PRIVATE trident::trident)
 trident_strict_warnings(checkpoint_safetensors_tool)
+find_package(Threads REQUIRED)
+add_executable(checkpoint_export_tool checkpoint/export_tool.cpp)
+target_link_libraries(checkpoint_export_tool PRIVATE trident::trident Threads::Threads)
+trident_strict_warnings(checkpoint_export_tool)
 add_test(NAME checkpoint.safetensors_py
          COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/safetensors_py.sh"
                  "${CMAKE_BINARY_DIR}/tools/safetensors-venv" $<TARGET_FILE:checkpoint_safetensors_tool>
                  "${CMAKE_CURRENT_BINARY_DIR}/checkpoint_safetensors_py"
-                 "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/safetensors_check.py")
+                 "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/safetensors_check.py"
+                 $<TARGET_FILE:checkpoint_export_tool> "${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/export_check.py")
 set_tests_properties(checkpoint.safetensors_py PROPERTIES LABELS "checkpoint;python" TIMEOUT 300)
 
 # Sharded checkpoints of zero_optimizer (checkpoint/zero.hpp).

@@ -6,6 +6,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <map>
+
 #include "checkpoint/resume_suite.hpp"
 
 namespace ck = trident::checkpoint;
@@ -139,9 +142,19 @@ TEST_CASE("checkpoint: broken checkpoints are named, and load_latest falls back 
     trident::model_spec other = toy_spec();
     other.add("extra", {3}, 4);
     optimizer_t<2, trident::full_precision> y(comm, other, adamw(), options());
-    CHECK_THROWS_WITH_AS(ck::load(comm, y, root / "step_00000002"), doctest::Contains("its model differs"), trident::usage_error);
+    CHECK_THROWS_WITH_AS(ck::load(comm, y, root / "step_00000002"), doctest::Contains("has no tensor 'extra'"), trident::usage_error);
     // Not a broken checkpoint to go past: load_latest must not start this model afresh.
-    CHECK_THROWS_WITH_AS(ck::load_latest(comm, y, root), doctest::Contains("its model differs"), trident::usage_error);
+    CHECK_THROWS_WITH_AS(ck::load_latest(comm, y, root), doctest::Contains("has no tensor 'extra'"), trident::usage_error);
+    // A tensor of another shape, and a model that lacks one of the checkpoint's tensors.
+    trident::model_spec wider;
+    wider.add("embed", {37, 9}, 0).add("w1", {8, 24}, 1).add("b1", {24}, 1).add("w2", {24, 8}, 2).add("ln", {8}, 3);
+    optimizer_t<2, trident::full_precision> w(comm, wider, adamw(), options());
+    CHECK_THROWS_WITH_AS(ck::load(comm, w, root / "step_00000002"), doctest::Contains("tensor 'embed' is 37,8"), trident::usage_error);
+    trident::model_spec fewer;
+    fewer.add("embed", {37, 8}, 0).add("w1", {8, 24}, 1).add("b1", {24}, 1).add("w2", {24, 8}, 2);
+    optimizer_t<2, trident::full_precision> f(comm, fewer, adamw(), options());
+    CHECK_THROWS_WITH_AS(ck::load(comm, f, root / "step_00000002"), doctest::Contains("holds tensors that no rank's model has: ln"),
+                         trident::usage_error);
   });
   fs::remove_all(root.parent_path());
 }
@@ -166,4 +179,120 @@ TEST_CASE("checkpoint: an asynchronous save holds the state of its start while t
     CHECK(bytes_of(sync_root / "step_00000010" / f) == bytes_of(async_root / "step_00000010" / f));
   }
   CHECK(!fs::exists(async_root / ".tmp.step_00000010"));
+}
+
+// The parsers of what a checkpoint directory holds besides safetensors headers (those are
+// fuzzed in test_safetensors.cpp): the MANIFEST, each file's tensor list and the piece keys.
+// A seeded mutation loop from valid inputs (bytes flipped, replaced by the characters that
+// matter, inserted, deleted, lines duplicated, cut): every input is accepted with the rules
+// holding, or rejected with a trident::error; never a crash (run under ASan and UBSan in CI).
+// TRIDENT_FUZZ_INPUTS (default 30000 per parser) and TRIDENT_FUZZ_SEED for longer runs.
+TEST_CASE("checkpoint: the manifest, tensor-list and piece-key parsers survive mutated input") {
+  auto env_or = [](const char* name, std::uint64_t fallback) {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::strtoull(v, nullptr, 10) : fallback;
+  };
+  const std::uint64_t inputs = env_or("TRIDENT_FUZZ_INPUTS", 30'000);
+  std::uint64_t state = env_or("TRIDENT_FUZZ_SEED", 20261125);
+  auto next = [&] {
+    state += 0x9E3779B97F4A7C15ull;
+    std::uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const std::string alphabet("0123456789abcdefABCDEF\t\n ,-/@.x\r\0\xff", 34);
+  auto mutate = [&](std::string s) {
+    const int edits = 1 + static_cast<int>(next() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const std::size_t at = s.empty() ? 0 : next() % (s.size() + 1);
+      const char c = next() % 3 == 0 ? static_cast<char>(next() & 0xff) : alphabet[next() % alphabet.size()];
+      switch (next() % 6) {
+        case 0: if (at < s.size()) s[at] = c; break;
+        case 1: s.insert(at, 1, c); break;
+        case 2: if (at < s.size()) s.erase(at, 1 + next() % 4); break;
+        case 3: s.resize(at); break;
+        case 4: {  // a line repeated
+          const auto b = s.rfind('\n', at == 0 ? 0 : at - 1), e2 = s.find('\n', at);
+          const std::size_t from = b == std::string::npos ? 0 : b + 1;
+          s.insert(from, s.substr(from, (e2 == std::string::npos ? s.size() : e2 + 1) - from));
+          break;
+        }
+        default: s.insert(at, std::to_string(next() % 3 == 0 ? next() : next() % 40)); break;
+      }
+    }
+    return s;
+  };
+  namespace d = ck::detail;
+  const std::string manifest =
+      "0123456789abcdef  index.json\nfedcba9876543210  rank_00000.safetensors\n00000000000000ff  rank_00001.safetensors\n";
+  const std::string tensors = "embed\t1\t37,8\t0\t2\nw1\t0\t8,24\t1\t2\nln\t0\t8\t-\t1\nb\t0\t3,4,5\t-\t1\n";
+  const std::string keys[] = {"parameters/h0.attn.qkv.weight@1024", "state0/w@0", "master/a/b@c@12"};
+  std::uint64_t accepted[3] = {0, 0, 0}, rejected[3] = {0, 0, 0};
+  for (std::uint64_t i = 0; i < inputs; ++i) {
+    // MANIFEST
+    const std::string m = i == 0 ? manifest : mutate(manifest);
+    try {
+      const auto files = d::parse_manifest(m, "MANIFEST");
+      for (const auto& [f, h] : files) {
+        (void)h;
+        REQUIRE(!f.empty());
+        REQUIRE(f.find('/') == std::string::npos);
+        REQUIRE((f != "." && f != ".."));
+      }
+      ++accepted[0];
+    } catch (const trident::error&) {
+      ++rejected[0];
+    }
+    // A file's tensor list
+    const std::string t = i == 0 ? tensors : mutate(tensors);
+    try {
+      std::map<std::string, d::saved_tensor> table;
+      std::map<std::string, int> parts;
+      d::parse_tensor_lines(t, "rank_00000.safetensors", "ckpt", table, parts);
+      for (const auto& [name, s] : table) {
+        const auto split = s.split();  // a valid sharding, or a usage_error (caught below)
+        REQUIRE(split.numel() <= (std::size_t{1} << 48));
+        REQUIRE(parts.at(name) < s.parts);
+        REQUIRE((!s.axis || *s.axis < s.shape.size()));
+      }
+      ++accepted[1];
+    } catch (const trident::error&) {
+      ++rejected[1];
+    }
+    // A piece key (never throws: a key that is not ours is false)
+    const std::string k = mutate(keys[i % 3]);
+    std::string field, tensor;
+    std::size_t begin = 0;
+    if (d::parse_piece_key(k, field, tensor, begin)) {
+      REQUIRE(d::piece_key(field, tensor, begin).size() <= k.size());
+      REQUIRE(field.find('/') == std::string::npos);
+      ++accepted[2];
+    } else {
+      ++rejected[2];
+    }
+  }
+  MESSAGE("manifest ", accepted[0], " accepted / ", rejected[0], " rejected; tensor lists ", accepted[1], " / ", rejected[1],
+          "; piece keys ", accepted[2], " / ", rejected[2]);
+  for (int p = 0; p < 3; ++p) {  // the mutations reach both sides of every parser
+    CHECK(accepted[p] > 0);
+    CHECK(rejected[p] > 0);
+  }
+  // Hostile tensor lists, one by one.
+  auto refuses = [&](const std::string& line, const char* why) {
+    std::map<std::string, d::saved_tensor> table;
+    std::map<std::string, int> parts;
+    CAPTURE(line);
+    CHECK_THROWS_WITH_AS(d::parse_tensor_lines(line, "f", "ckpt", table, parts), doctest::Contains(why), ck::corrupt_checkpoint);
+  };
+  refuses("w\t0\t4294967296,4294967296\t0\t2\n", "too large");
+  refuses("w\t0\t0,3\t0\t1\n", "too large");  // an empty dimension
+  refuses("w\t2\t4,3\t0\t2\n", "not one of the parts");
+  refuses("w\t0\t4,3\t2\t2\n", "not an axis");
+  refuses("w\t0\t4,3\t-\t2\n", "not split has one part");
+  refuses("w\t0\t4,3\t0\t0\n", "out of range");
+  refuses("w\t0\t-4,3\t0\t1\n", "is not a count");
+  refuses("w\t0\t4,3\t0\n", "tab-separated");
+  refuses("w\t0\t4,3\t0\t2\nw\t1\t4,3\t0\t2\n", "listed twice");
+  refuses("w\t0\t4,3\t0\t99999999999999999999\n", "is not a count");
 }

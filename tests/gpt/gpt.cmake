@@ -18,6 +18,8 @@ target_include_directories(trident_test_gpt PUBLIC "${PROJECT_SOURCE_DIR}/exampl
 target_link_libraries(trident_test_gpt PRIVATE doctest::doctest)
 trident_strict_warnings(trident_test_gpt)
 trident_add_test(gpt.local SOURCES gpt/test_gpt_local.cpp LIBRARIES trident_test_gpt LABELS gpt local)
+# Checkpoints of the GPT: bit-exact resume on a 3-D grid and resharding across grid layouts.
+trident_add_test(checkpoint.gpt SOURCES gpt/test_gpt_checkpoint.cpp LIBRARIES trident_test_gpt LABELS checkpoint gpt local)
 if(NOT sanitized)
   trident_add_test(gpt.precision SOURCES gpt/test_gpt_precision.cpp LIBRARIES trident_test_gpt LABELS gpt local)
 endif()

@@ -122,6 +122,27 @@ TEST_CASE("sharding: flat_layout's buckets and sharded<T> follow the same rule")
   }
 }
 
+TEST_CASE("sharding: a model_spec tensor registered by its global sharding knows what it is a part of") {
+  trident::model_spec spec;
+  const auto fc1 = sharding::split_exact({12, 5}, 0, 3, "fc1.weight");
+  spec.add("fc1.weight", fc1, 2, 0).add("ln.weight", sharding::replicated({5}), 2, 1).add("head", {4, 5}, 2);
+  const auto& t = spec.tensors();
+  CHECK(t[0].shape == std::vector<std::size_t>{4, 5});
+  CHECK(t[0].numel == 20);
+  CHECK(t[0].copy == trident::model_copy::shard);
+  CHECK(t[0].global == fc1);
+  CHECK(t[0].part == 2);
+  CHECK(t[1].copy == trident::model_copy::replica);  // a replicated sharding is a replica
+  CHECK(t[1].global == sharding::replicated({5}));
+  CHECK(t[2].global == sharding::replicated({4, 5}));  // by shape: the whole tensor, part 0
+  CHECK(t[2].part == 0);
+  const trident::flat_layout layout(spec, 2, 64, 64);
+  CHECK(layout.spec_at(0).global == fc1);
+  CHECK(layout.spec_at(2).name == "head");
+  CHECK_THROWS_WITH_AS(spec.add("fc2.weight", fc1, 3, 3), doctest::Contains("part 3 of a tensor split into 3 parts; expected 0..2"),
+                       trident::usage_error);
+}
+
 TEST_CASE("sharding: take_part cuts a part out of the global array, put_part puts it back") {
   // A [3, 4] matrix split by columns into 2: rank 1 holds columns 2..3 of every row.
   std::vector<float> global(12);

@@ -1,16 +1,21 @@
 // trident/checkpoint/zero.hpp — sharded checkpoints of a zero_optimizer: every rank writes what
-// it owns, and a load fills whatever a rank holds, in any world size and ZeRO stage.
+// it owns, and a load fills whatever a rank holds, in any world size, ZeRO stage,
+// tensor-parallel size or pipeline split.
 //
 // Synopsis
 //   struct save_options          user metadata, keep the last k, fsync
 //   struct load_result           where it loaded from, the step, the user metadata
-//   save(comm, zero, root, step, options)   collective over the data-parallel group
+//   save(comm, zero, root, step, options)   collective over every rank that holds part of the
+//                                           model: the data-parallel group, or the whole grid
+//                                           under tensor or pipeline parallelism
 //   save_async(...) -> pending_save         returns once the state is copied to host memory;
 //                                           the files are written in the background
-//   load(comm, zero, dir)                   collective; any world size or stage (resharding)
+//   load(comm, zero, dir)                   collective; any layout (resharding)
 //   load_latest(comm, zero, root)           the newest checkpoint that verifies, falling back
 //   checkpoints(root)                       complete checkpoints under root, newest first
 //   verify(dir)                             the manifest's xxh64 checksums
+//   export_safetensors(dir, file, field)    one safetensors file of whole tensors (no comm)
+//   import_safetensors(comm, zero, file)    start from such a file (e.g. written by PyTorch)
 //   class corrupt_checkpoint                incomplete, truncated or corrupt: what load_latest
 //                                           goes past (another model or precision is a
 //                                           usage_error, which it raises)
@@ -20,10 +25,16 @@
 //     rank_00000.safetensors   this rank's piece of every bucket, one 1-D tensor per (field,
 //                              tensor) run, named "<field>/<tensor>@<first element>": fields are
 //                              "parameters" (working weights), "master", "state0".. (the
-//                              optimizer's states); rank 0's metadata holds the counters
+//                              optimizer's states); its metadata says which part of which
+//                              global tensor each is; rank 0's also holds the counters
 //     index.json               for people and tools: format, step, world size, stage, dtypes,
-//                              every tensor's shape and its pieces (file, key, range)
+//                              every tensor's global shape, split and pieces (file, part, range)
 //     MANIFEST                 "<xxh64>  <file>" per file, as `xxhsum -c MANIFEST` checks it
+//
+// Tensor parallelism: a tensor registered in the model_spec by its global sharding and part
+// (model_spec::add(name, sharding, part, layer)) is saved as that part; replicas by part 0
+// only. A load whose part of a tensor is the saved one reads its pieces; one with another
+// division assembles the tensor from every saved part and cuts its own.
 //
 // Why each rank writes its piece of every bucket (as ZeRO's optimizer-state files do), in
 // every stage: the ranks write in parallel and each element once, and the pieces are ranges of
@@ -79,7 +90,10 @@
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/half.hpp"
 #include "trident/core/space_span.hpp"
+#include "trident/model/flat_layout.hpp"
+#include "trident/model/sharding.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
 
 namespace trident::checkpoint {
@@ -114,7 +128,7 @@ namespace detail {
 using trident::detail::concat;
 
 inline constexpr std::string_view format_name = "trident-zero-checkpoint";
-inline constexpr int format_version = 1;
+inline constexpr int format_version = 2;
 inline constexpr std::string_view user_prefix = "user.";
 
 inline std::string step_name(std::int64_t step) {
@@ -222,10 +236,9 @@ inline bool parse_piece_key(const std::string& key, std::string& field, std::str
 }
 
 // MANIFEST: "<16 hex digits>  <file>" per line (xxhsum's format for XXH64).
-inline std::map<std::string, std::uint64_t> read_manifest(const std::filesystem::path& dir) {
-  const auto path = dir / "MANIFEST";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no MANIFEST (an incomplete checkpoint: the manifest is written last)"));
+// The text of a MANIFEST (`path` names it in errors).
+inline std::map<std::string, std::uint64_t> parse_manifest(const std::string& text, const std::filesystem::path& path) {
+  std::istringstream in(text);
   std::map<std::string, std::uint64_t> out;
   std::string line;
   int n = 0;
@@ -247,6 +260,12 @@ inline std::map<std::string, std::uint64_t> read_manifest(const std::filesystem:
   }
   if (out.empty()) throw corrupt_checkpoint(concat("checkpoint ", path.string(), " lists no files"));
   return out;
+}
+inline std::map<std::string, std::uint64_t> read_manifest(const std::filesystem::path& dir) {
+  const auto path = dir / "MANIFEST";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no MANIFEST (an incomplete checkpoint: the manifest is written last)"));
+  return parse_manifest(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), path);
 }
 
 // The few collectives a checkpoint needs, on host values, for a communicator of any memory
@@ -375,6 +394,85 @@ struct rank_snapshot {
   std::string index;  // rank 0: index.json
 };
 
+// The tensors a rank file describes, one line each in its metadata "tensors":
+//   <name> \t <part> \t <global shape, comma-separated> \t <split axis, or -> \t <parts>
+// Every rank writes the tensors of its own model (its pipeline stages, its tensor-parallel
+// part), so the checkpoint as a whole says what every tensor is a part of, and a load in
+// another layout assembles the parts it needs.
+struct saved_tensor {
+  std::vector<std::size_t> shape;
+  std::optional<std::size_t> axis;
+  int parts = 1;
+  sharding split() const {
+    return axis ? sharding::split(shape, *axis, parts) : sharding::replicated(shape);
+  }
+  friend bool operator==(const saved_tensor&, const saved_tensor&) = default;
+};
+inline std::string describe(const sharding& s) {
+  std::string shape;
+  for (std::size_t i = 0; i < s.shape().size(); ++i) shape += concat(i ? "," : "", s.shape()[i]);
+  return concat(shape, "\t", s.axis() ? std::to_string(*s.axis()) : std::string("-"), "\t", s.parts());
+}
+inline std::string tensor_line(const model_spec::tensor& t) {
+  TRIDENT_EXPECT(t.name.find_first_of("\t\n") == std::string::npos, "checkpoint::save: tensor name '", t.name,
+                 "' holds a tab or a newline, which the checkpoint's tensor list cannot carry");
+  return concat(t.name, "\t", t.global.is_split() ? t.part : 0, "\t", describe(t.global), "\n");
+}
+// Whether this rank writes its pieces of a tensor: a replica only on part 0 (the other parts
+// hold the same values), as the global norm counts it once.
+inline bool writes(const model_spec::tensor& t) { return t.copy != model_copy::replica || t.part == 0; }
+
+// Parses one file's "tensors" metadata into (name -> part) and the shared table of shardings.
+inline void parse_tensor_lines(const std::string& text, const std::string& file, const std::filesystem::path& dir,
+                               std::map<std::string, saved_tensor>& table, std::map<std::string, int>& parts) {
+  std::istringstream in(text);
+  std::string line;
+  auto bad = [&](const std::string& why) {
+    return corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, "'s tensor list: '", line, "': ", why));
+  };
+  auto number = [&](const std::string& v) {
+    if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos) throw bad(concat("'", v, "' is not a count"));
+    return static_cast<std::size_t>(std::stoull(v));
+  };
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::size_t at = 0;
+    for (;;) {
+      const auto tab = line.find('\t', at);
+      cols.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+      if (tab == std::string::npos) break;
+      at = tab + 1;
+    }
+    if (cols.size() != 5 || cols[0].empty()) throw bad("expected <name> <part> <shape> <axis> <parts>, tab-separated");
+    saved_tensor t;
+    std::size_t numel = 1;
+    for (std::size_t b = 0;;) {
+      const auto comma = cols[2].find(',', b);
+      const std::size_t d = number(cols[2].substr(b, comma == std::string::npos ? std::string::npos : comma - b));
+      if (d == 0 || numel > (std::size_t{1} << 48) / d) throw bad("the shape is empty or too large");
+      numel *= d;
+      t.shape.push_back(d);
+      if (comma == std::string::npos) break;
+      b = comma + 1;
+    }
+    const std::size_t np = number(cols[4]);
+    if (np < 1 || np > 1'000'000) throw bad("the number of parts is out of range");
+    t.parts = static_cast<int>(np);
+    if (cols[3] != "-") {
+      const std::size_t axis = number(cols[3]);
+      if (axis >= t.shape.size()) throw bad("the split axis is not an axis of the shape");
+      t.axis = axis;
+    } else if (t.parts != 1) {
+      throw bad("a tensor that is not split has one part");
+    }
+    const std::size_t part = number(cols[1]);
+    if (part >= np) throw bad("the part is not one of the parts");
+    auto [it, added] = table.emplace(cols[0], t);
+    if (!added && !(it->second == t)) throw bad("other files describe this tensor otherwise");
+    if (!parts.emplace(cols[0], static_cast<int>(part)).second) throw bad("the tensor is listed twice");
+  }
+}
+
 template <class Zero>
 rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, const save_options& options,
                             std::vector<std::byte> reuse) {
@@ -384,12 +482,14 @@ rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, 
   const auto& layout = zero.layout();
   std::size_t total = 0;
   for (const auto& f : fields)
-    for (const auto& r : f.owned) total += r.count * size_of(f.type);
+    for (const auto& r : f.owned)
+      if (writes(layout.spec_at(r.tensor))) total += r.count * size_of(f.type);
   snap.host.resize(total);
   std::size_t used = 0;
   for (const auto& f : fields) {
     const std::size_t elem = size_of(f.type);
     for (const auto& r : f.owned) {
+      if (!writes(layout.spec_at(r.tensor))) continue;
       const std::size_t bytes = r.count * elem;
       trident::detail::copy_bytes(snap.host.data() + used, true, static_cast<const std::byte*>(f.data) + r.at * elem,
                                   Zero::space::host_accessible, bytes);
@@ -402,6 +502,10 @@ rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, 
   m["version"] = std::to_string(format_version);
   m["rank"] = std::to_string(rank);
   m["world"] = std::to_string(world);
+  std::string tensors;
+  for (std::size_t t = 0; t < layout.tensors(); ++t)
+    if (writes(layout.spec_at(t))) tensors += tensor_line(layout.spec_at(t));
+  m["tensors"] = tensors;
   if (rank != 0) return snap;
   const auto counters = zero.checkpoint_counters();
   m["step"] = std::to_string(step);
@@ -411,36 +515,52 @@ rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, 
   m["scaler.hysteresis"] = std::to_string(counters.scaler.hysteresis);
   m["scaler.iteration"] = std::to_string(counters.scaler.iteration);
   m["scaler.last_overflow"] = std::to_string(counters.scaler.last_overflow);
-  std::string model;
-  for (std::size_t t = 0; t < layout.tensors(); ++t) model += concat(layout.name_at(t), " ", layout.at_index(t).numel, "\n");
-  m["model"] = model;
   for (const auto& [k, v] : options.metadata) m[concat(user_prefix, k)] = v;
-
-  std::string& index = snap.index;
+  std::string& index = snap.index;  // the head of index.json; the tensors follow from the files
   index = concat("{\n  \"format\": ", json_string(format_name), ",\n  \"version\": ", format_version, ",\n  \"step\": ", step,
                  ",\n  \"world\": ", world, ",\n  \"stage\": ", Zero::stage, ",\n  \"fields\": {");
   for (std::size_t i = 0; i < fields.size(); ++i)
     index += concat(i ? ", " : "", json_string(fields[i].name), ": ", json_string(name_of(fields[i].type)));
-  index += "},\n  \"files\": [";
+  index += concat("},\n  \"files\": [");
   for (int r = 0; r < world; ++r) index += concat(r ? ", " : "", json_string(rank_file(r)));
-  index += "],\n  \"tensors\": {\n";
-  // Every rank's pieces follow from the layout: rank r owns its piece of every bucket.
-  for (std::size_t t = 0; t < layout.tensors(); ++t) {
-    const auto& p = layout.at_index(t);
-    index += concat("    ", json_string(layout.name_at(t)), ": {\"numel\": ", p.numel, ", \"layer\": ", p.layer, ", \"pieces\": [");
-    bool first = true;
-    for (int r = 0; r < world; ++r) {
-      const std::size_t begin = layout.piece_begin(p.bucket, r), piece = layout.piece_size(p.bucket);
-      const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, begin + piece);
-      if (lo >= hi) continue;
-      index += concat(first ? "" : ", ", "{\"file\": ", json_string(rank_file(r)), ", \"begin\": ", lo - p.offset,
-                      ", \"count\": ", hi - lo, "}");
-      first = false;
-    }
-    index += concat("]}", t + 1 < layout.tensors() ? ",\n" : "\n");
-  }
-  index += "  }\n}\n";
+  index += "],\n";
   return snap;
+}
+
+// index.json's "tensors": every tensor's global shape, split and pieces, from what every rank
+// wrote (rank 0 alone does not know the other pipeline stages' or tensor parts' tensors).
+inline std::string index_tensors(const std::filesystem::path& tmp, int world) {
+  struct entry {
+    saved_tensor t;
+    std::string pieces;
+  };
+  std::map<std::string, entry> all;
+  for (int r = 0; r < world; ++r) {
+    const safetensors_file f(tmp / rank_file(r));
+    std::map<std::string, saved_tensor> table;
+    std::map<std::string, int> parts;
+    const auto it = f.header().metadata.find("tensors");
+    if (it != f.header().metadata.end()) parse_tensor_lines(it->second, rank_file(r), tmp, table, parts);
+    for (const auto& [name, t] : table) all.emplace(name, entry{t, {}});
+    for (const auto& e : f.header().tensors) {
+      std::string field, tensor;
+      std::size_t begin = 0;
+      if (!parse_piece_key(e.name, field, tensor, begin) || field != "parameters" || !parts.count(tensor)) continue;
+      auto& pieces = all[tensor].pieces;
+      pieces += concat(pieces.empty() ? "" : ", ", "{\"file\": ", json_string(rank_file(r)), ", \"part\": ", parts[tensor],
+                       ", \"begin\": ", begin, ", \"count\": ", e.shape.empty() ? 1 : e.shape[0], "}");
+    }
+  }
+  std::string out = "  \"tensors\": {\n";
+  std::size_t i = 0;
+  for (const auto& [name, e] : all) {
+    std::string shape;
+    for (std::size_t d = 0; d < e.t.shape.size(); ++d) shape += concat(d ? ", " : "", e.t.shape[d]);
+    out += concat("    ", json_string(name), ": {\"shape\": [", shape, "], \"split_axis\": ",
+                  e.t.axis ? std::to_string(*e.t.axis) : std::string("null"), ", \"parts\": ", e.t.parts, ", \"pieces\": [", e.pieces,
+                  "]}", ++i < all.size() ? ",\n" : "\n");
+  }
+  return out + "  }\n}\n";
 }
 
 // A rank's result beside its file in the temporary directory, renamed into place so that rank
@@ -503,7 +623,7 @@ inline void write_checkpoint(const rank_snapshot& snap, const std::filesystem::p
       throw error(concat("checkpoint::save of ", final_dir.string(), ": rank ", r, "'s result file holds '", text, "'"));
     hashes[static_cast<std::size_t>(r)] = std::stoull(text, nullptr, 16);
   }
-  write_text(tmp / "index.json", snap.index, options.sync);
+  write_text(tmp / "index.json", snap.index + index_tensors(tmp, world), options.sync);
   std::string manifest = concat(hex64(file_xxh64(tmp / "index.json")), "  index.json\n");
   for (int r = 0; r < world; ++r) manifest += concat(hex64(hashes[static_cast<std::size_t>(r)]), "  ", rank_file(r), "\n");
   for (int r = 0; r < world; ++r) std::filesystem::remove(done_file(tmp, r));
@@ -643,10 +763,138 @@ std::filesystem::path save(Comm& comm, Zero& zero, const std::filesystem::path& 
   return out;
 }
 
-//! Loads the checkpoint in `dir` into `zero`, whatever world size and ZeRO stage it was saved
-//! with (the precision and the optimizer must match: the fields are compared). Verifies the
-//! files against MANIFEST first. Collective over `comm`; on any rank's failure every rank
-//! throws and the optimizer may hold part of the checkpoint (load another, or start afresh).
+namespace detail {
+
+template <class T>
+void convert_from(const safetensors_file& f, const std::string& name, std::vector<float>& out) {
+  std::vector<T> raw(out.size());
+  f.read(name, std::span<T>(raw));
+  for (std::size_t i = 0; i < raw.size(); ++i) out[i] = static_cast<float>(raw[i]);
+}
+
+// A checkpoint opened for reading: its files, counters and user metadata (from rank 0's file),
+// every tensor's global sharding, and every piece by (field, tensor, part).
+struct opened_checkpoint {
+  std::filesystem::path dir;
+  std::vector<std::string> files;
+  std::vector<safetensors_file> opened;
+  std::map<std::string, std::string> meta0;  // rank 0's metadata
+  std::map<std::string, saved_tensor> tensors;
+  std::map<std::string, dtype> field_types;
+  // field -> tensor -> part -> pieces (distinct ranges: a copy that two files hold is read once)
+  std::map<std::string, std::map<std::string, std::map<int, std::vector<piece>>>> pieces;
+
+  const std::string& get(const std::string& k) const {
+    auto it = meta0.find(k);
+    if (it == meta0.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", rank_file(0), " has no metadata '", k, "'"));
+    return it->second;
+  }
+  std::int64_t integer(const std::string& k) const {
+    const std::string& v = get(k);
+    std::size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(v, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != v.size() || v.empty()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": metadata '", k, "' = '", v, "' is not an integer"));
+    return static_cast<std::int64_t>(x);
+  }
+
+  // Elements [begin, begin + count) of part `part` of a tensor's field, as bytes into `out`.
+  void read_local(const std::string& field, const std::string& tensor, int part, std::size_t begin, std::size_t count,
+                  std::span<std::byte> out) const {
+    const std::size_t elem = size_of(field_types.at(field));
+    std::size_t covered = 0;
+    if (auto f = pieces.find(field); f != pieces.end())
+      if (auto t = f->second.find(tensor); t != f->second.end())
+        if (auto pp = t->second.find(part); pp != t->second.end())
+          for (const auto& p : pp->second) {
+            const std::size_t lo = std::max(p.begin, begin), hi = std::min(p.begin + p.count, begin + count);
+            if (lo >= hi) continue;
+            opened[p.file].read_range(p.key, (lo - p.begin) * elem, out.subspan((lo - begin) * elem, (hi - lo) * elem));
+            covered += hi - lo;
+          }
+    // Pieces never overlap (each element is written once; copies were dropped), so full
+    // coverage is a count.
+    if (covered != count)
+      throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": '", field, "' of ", tensor, " (part ", part, ") elements ", begin, "..",
+                                      begin + count, " are ", covered == 0 ? "missing" : "only partly there", " (", covered, " of ", count,
+                                      " found)"));
+  }
+
+  // The whole tensor of a field in its global row-major layout, assembled from its parts.
+  std::vector<std::byte> read_global(const std::string& field, const std::string& tensor) const {
+    const sharding s = tensors.at(tensor).split();
+    const std::size_t elem = size_of(field_types.at(field));
+    std::vector<std::byte> global(s.numel() * elem), local(s.local_numel() * elem);
+    for (int q = 0; q < s.parts(); ++q) {
+      read_local(field, tensor, q, 0, s.local_numel(), local);
+      trident::detail::for_each_run(s, q, [&](std::size_t g, std::size_t l, std::size_t n) {
+        std::memcpy(global.data() + g * elem, local.data() + l * elem, n * elem);
+      });
+    }
+    return global;
+  }
+};
+
+inline opened_checkpoint open_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::uint64_t>& manifest) {
+  opened_checkpoint c;
+  c.dir = dir;
+  for (const auto& [f, h] : manifest)
+    if (f != "index.json") c.files.push_back(f);
+  c.opened.reserve(c.files.size());
+  for (const auto& f : c.files) c.opened.emplace_back(dir / f);
+  const auto first = std::find(c.files.begin(), c.files.end(), rank_file(0));
+  if (first == c.files.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no ", rank_file(0)));
+  c.meta0 = c.opened[static_cast<std::size_t>(first - c.files.begin())].header().metadata;
+  if (c.get("format") != format_name || c.get("version") != std::to_string(format_version))
+    throw usage_error(concat("checkpoint ", dir.string(), ": format '", c.get("format"), "' version ", c.get("version"), "; expected '",
+                             format_name, "' version ", format_version));
+  for (std::size_t i = 0; i < c.opened.size(); ++i) {
+    const auto& h = c.opened[i].header();
+    std::map<std::string, int> parts;
+    const auto listed = h.metadata.find("tensors");
+    if (listed == h.metadata.end())
+      throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", c.files[i], " has no tensor list (metadata 'tensors')"));
+    parse_tensor_lines(listed->second, c.files[i], dir, c.tensors, parts);
+    for (const auto& t : h.tensors) {
+      std::string field, tensor;
+      std::size_t begin = 0;
+      if (!parse_piece_key(t.name, field, tensor, begin) || t.shape.size() != 1)
+        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", c.files[i], " holds '", t.name, "', which is not a 1-D piece named "
+                                        "<field>/<tensor>@<first element>"));
+      const auto part = parts.find(tensor);
+      if (part == parts.end())
+        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", c.files[i], " holds a piece of '", tensor,
+                                        "', which its tensor list does not name"));
+      const std::size_t count = static_cast<std::size_t>(t.shape[0]);
+      if (begin > c.tensors[tensor].split().local_numel() || count > c.tensors[tensor].split().local_numel() - begin)
+        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", c.files[i], "'s piece '", t.name, "' of ", count,
+                                        " elements lies outside the tensor's part"));
+      auto& list = c.pieces[field][tensor][part->second];
+      const bool copy = std::any_of(list.begin(), list.end(), [&](const piece& p) { return p.begin == begin && p.count == count; });
+      if (!copy) list.push_back({i, t.name, begin, count});
+      auto [it, added] = c.field_types.emplace(field, t.type);
+      if (!added && it->second != t.type)
+        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": field '", field, "' is stored both as ", name_of(it->second), " and ",
+                                        name_of(t.type)));
+    }
+  }
+  return c;
+}
+
+}  // namespace detail
+
+//! Loads the checkpoint in `dir` into `zero`, whatever layout it was saved with: another world
+//! size, ZeRO stage, tensor-parallel size (each tensor is assembled from the parts it was
+//! saved in and cut as this rank's model_spec says) or pipeline split (tensors are found by
+//! name). The precision and the optimizer must match: the fields are compared. Verifies the
+//! files against MANIFEST first. Collective over `comm`, the group that saved (every rank of
+//! the model: the data-parallel group, or the whole grid under tensor or pipeline
+//! parallelism); on any rank's failure every rank throws and the optimizer may hold part of
+//! the checkpoint (load another, or start afresh).
 template <communicator Comm, class Zero>
 load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
   using namespace detail;
@@ -679,73 +927,35 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
                            " verified it and raises the details)"));
       }
   }
+  opened_checkpoint c;
+  std::vector<float> used;  // per checkpoint tensor (name order): whether this rank loads it
   agreed(comm, what, [&] {
-    std::vector<std::string> files;
-    for (const auto& [f, h] : manifest)
-      if (f != "index.json") files.push_back(f);
-    std::vector<safetensors_file> opened;
-    opened.reserve(files.size());
-    for (const auto& f : files) opened.emplace_back(dir / f);
-    // The counters and the model, from rank 0's file.
-    const auto first = std::find(files.begin(), files.end(), rank_file(0));
-    if (first == files.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no ", rank_file(0)));
-    const auto& meta = opened[static_cast<std::size_t>(first - files.begin())].header().metadata;
-    auto get = [&](const std::string& k) -> const std::string& {
-      auto it = meta.find(k);
-      if (it == meta.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", rank_file(0), " has no metadata '", k, "'"));
-      return it->second;
-    };
-    if (get("format") != format_name || get("version") != std::to_string(format_version))
-      throw usage_error(concat("checkpoint ", dir.string(), ": format '", get("format"), "' version ", get("version"), "; expected '",
-                         format_name, "' version ", format_version));
-    auto integer = [&](const std::string& k) {
-      const std::string& v = get(k);
-      std::size_t used = 0;
-      long long x = 0;
-      try {
-        x = std::stoll(v, &used);
-      } catch (...) {
-        used = 0;
-      }
-      if (used != v.size() || v.empty()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": metadata '", k, "' = '", v, "' is not an integer"));
-      return static_cast<std::int64_t>(x);
-    };
-    result.step = integer("step");
-    counters.steps = integer("optimizer_steps");
-    counters.scaler.scale = std::strtod(get("scaler.scale").c_str(), nullptr);
-    counters.scaler.hysteresis = static_cast<int>(integer("scaler.hysteresis"));
-    counters.scaler.iteration = integer("scaler.iteration");
-    counters.scaler.last_overflow = integer("scaler.last_overflow");
-    for (const auto& [k, v] : meta)
+    c = open_checkpoint(dir, manifest);
+    result.step = c.integer("step");
+    counters.steps = c.integer("optimizer_steps");
+    counters.scaler.scale = std::strtod(c.get("scaler.scale").c_str(), nullptr);
+    counters.scaler.hysteresis = static_cast<int>(c.integer("scaler.hysteresis"));
+    counters.scaler.iteration = c.integer("scaler.iteration");
+    counters.scaler.last_overflow = c.integer("scaler.last_overflow");
+    for (const auto& [k, v] : c.meta0)
       if (k.rfind(user_prefix, 0) == 0) result.metadata[k.substr(user_prefix.size())] = v;
-    // The model must be the same: names and sizes, in order.
-    std::string model;
-    for (std::size_t t = 0; t < layout.tensors(); ++t) model += concat(layout.name_at(t), " ", layout.at_index(t).numel, "\n");
-    if (get("model") != model)
-      throw usage_error(concat("checkpoint ", dir.string(), ": its model differs from this optimizer's (tensor names and sizes, in "
-                         "order). The checkpoint's:\n", get("model"), "this one's:\n", model));
-
-    // Every piece, by field and tensor.
-    std::map<std::string, std::map<std::string, std::vector<piece>>> pieces;
-    std::map<std::string, dtype> field_types;
-    for (std::size_t i = 0; i < opened.size(); ++i)
-      for (const auto& t : opened[i].header().tensors) {
-        std::string field, tensor;
-        std::size_t begin = 0;
-        if (!parse_piece_key(t.name, field, tensor, begin) || t.shape.size() != 1)
-          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", files[i], " holds '", t.name, "', which is not a 1-D piece named "
-                             "<field>/<tensor>@<first element>"));
-        pieces[field][tensor].push_back({i, t.name, begin, static_cast<std::size_t>(t.shape[0])});
-        auto [it, added] = field_types.emplace(field, t.type);
-        if (!added && it->second != t.type)
-          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": field '", field, "' is stored both as ", name_of(it->second), " and ",
-                             name_of(t.type)));
-      }
+    // The model must be the same: every tensor here is in the checkpoint with its global shape.
+    for (std::size_t t = 0; t < layout.tensors(); ++t) {
+      const auto& spec = layout.spec_at(t);
+      const auto it = c.tensors.find(spec.name);
+      if (it == c.tensors.end())
+        throw usage_error(concat("checkpoint ", dir.string(), " has no tensor '", spec.name, "', which this model holds; it was saved from "
+                                 "another model"));
+      if (it->second.shape != spec.global.shape())
+        throw usage_error(concat("checkpoint ", dir.string(), ": tensor '", spec.name, "' is ", describe(it->second.split()),
+                                 " (shape, split axis, parts) there, and its global shape here is ", describe(spec.global),
+                                 "; it was saved from another model"));
+    }
     for (const auto& f : fields) {
-      auto ft = field_types.find(f.name);
-      if (ft == field_types.end()) {
+      auto ft = c.field_types.find(f.name);
+      if (ft == c.field_types.end()) {
         std::string have;
-        for (const auto& [n, t] : field_types) have += concat(have.empty() ? "" : ", ", n, " (", name_of(t), ")");
+        for (const auto& [n, t] : c.field_types) have += concat(have.empty() ? "" : ", ", n, " (", name_of(t), ")");
         throw usage_error(concat("checkpoint ", dir.string(), " has no '", f.name, "' (", name_of(f.type), "), which this optimizer "
                            "holds; it has: ", have, ". Load it with the precision and optimizer it was saved with"));
       }
@@ -753,31 +963,57 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
         throw usage_error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
                            " here; load it with the precision it was saved with"));
     }
-    // Fill every held range from the pieces that overlap it (on a device, after the optimizer's
-    // queued work: the copies are not on the communicator's stream).
+    used.assign(c.tensors.size(), 0.0f);
+    std::size_t i = 0;
+    for (const auto& [name, t] : c.tensors) {
+      for (std::size_t k = 0; k < layout.tensors() && used[i] == 0.0f; ++k) used[i] = layout.name_at(k) == name ? 1.0f : 0.0f;
+      ++i;
+    }
+  });
+  // ... and the other way round: every tensor of the checkpoint is loaded by some rank (the
+  // same verdict on every rank: every rank read the same list).
+  {
+    using space = typename Comm::space;
+    if constexpr (space::host_accessible) {
+      comm.all_reduce(std::span<float>(used), reduce_op::max);
+    } else {
+      buffer<float, space> staged(used.size(), mem_category::communication);
+      stage_in(used.data(), used.size(), staged);
+      comm.all_reduce(staged, reduce_op::max);
+      comm.synchronize();
+      trident::copy(space_span<const float, space>(staged.data(), used.size()), space_span<float, host_space>(used));
+    }
+    std::string unused;
+    std::size_t i = 0;
+    for (const auto& [name, t] : c.tensors)
+      if (used[i++] == 0.0f) unused += concat(unused.empty() ? "" : ", ", name);
+    if (!unused.empty())
+      throw usage_error(concat("checkpoint ", dir.string(), " holds tensors that no rank's model has: ", unused,
+                               "; it was saved from another model"));
+  }
+  agreed(comm, what, [&] {
+    // Fill every held range (on a device, after the optimizer's queued work: the copies are not
+    // on the communicator's stream). A tensor saved in the same parts as this rank's model
+    // holds it is read piece by piece; one saved otherwise is assembled whole and cut anew.
     if constexpr (!Zero::space::host_accessible) comm.synchronize();
     std::vector<std::byte> host;
     std::byte* last_written = nullptr;
     for (const auto& f : fields) {
       const std::size_t elem = size_of(f.type);
-      const auto& by_tensor = pieces[f.name];
       for (const auto& r : f.held) {
-        const std::string& tensor = layout.name_at(r.tensor);
+        const auto& spec = layout.spec_at(r.tensor);
+        const sharding saved = c.tensors.at(spec.name).split();
         host.assign(r.count * elem, std::byte{0});
-        std::size_t covered = 0;
-        if (auto it = by_tensor.find(tensor); it != by_tensor.end())
-          for (const auto& p : it->second) {
-            const std::size_t lo = std::max(p.begin, r.begin), hi = std::min(p.begin + p.count, r.begin + r.count);
-            if (lo >= hi) continue;
-            opened[p.file].read_range(p.key, (lo - p.begin) * elem,
-                                      std::span<std::byte>(host.data() + (lo - r.begin) * elem, (hi - lo) * elem));
-            covered += hi - lo;
-          }
-        // Pieces never overlap (each element is written by one rank), so full coverage is a count.
-        if (covered != r.count)
-          throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": '", f.name, "' of ", tensor, " elements ", r.begin, "..",
-                             r.begin + r.count, " are ", covered == 0 ? "missing" : "only partly there", " (", covered, " of ",
-                             r.count, " found)"));
+        if (saved == spec.global) {
+          c.read_local(f.name, spec.name, spec.global.is_split() ? spec.part : 0, r.begin, r.count, host);
+        } else {
+          const std::vector<std::byte> global = c.read_global(f.name, spec.name);
+          std::vector<std::byte> local(spec.global.local_numel() * elem, std::byte{0});
+          trident::detail::for_each_run(spec.global, spec.part, [&](std::size_t g, std::size_t l, std::size_t n) {
+            std::memcpy(local.data() + l * elem, global.data() + g * elem, n * elem);
+          });
+          std::memcpy(host.data(), local.data() + r.begin * elem, r.count * elem);
+        }
         trident::detail::copy_bytes(static_cast<std::byte*>(f.data) + r.at * elem, Zero::space::host_accessible, host.data(),
                                     true, host.size());
         last_written = static_cast<std::byte*>(f.data) + r.at * elem;
@@ -826,6 +1062,97 @@ std::optional<load_result> load_latest(Comm& comm, Zero& zero, const std::filesy
     }
   }
   return std::nullopt;
+}
+
+//! Writes the checkpoint in `dir` as ONE safetensors file of whole tensors: every tensor under
+//! its name with its global shape, assembled from the parts and pieces every rank wrote (the
+//! consolidated export, which Python's safetensors, PyTorch or a reference implementation
+//! reads). `field` chooses what: "master" (the fp32 master weights; the default where there
+//! are any), "parameters" (the working weights, in their precision), "state0", ... Verifies
+//! the checkpoint first. Needs no communicator: one process reads every file.
+//!
+//!   trident::checkpoint::export_safetensors("ckpt/step_00001000", "model.safetensors");
+//!   // Python: safetensors.numpy.load_file("model.safetensors")["h0.mlp.fc1.weight"].shape
+inline void export_safetensors(const std::filesystem::path& dir, const std::filesystem::path& out, std::string field = {}) {
+  using namespace detail;
+  verify(dir);
+  const opened_checkpoint c = open_checkpoint(dir, read_manifest(dir));
+  if (field.empty()) field = c.field_types.count("master") ? "master" : "parameters";
+  const auto type = c.field_types.find(field);
+  if (type == c.field_types.end()) {
+    std::string have;
+    for (const auto& [n, t] : c.field_types) have += concat(have.empty() ? "" : ", ", n);
+    throw usage_error(concat("checkpoint::export_safetensors(", dir.string(), "): no field '", field, "'; it has ", have));
+  }
+  std::vector<std::vector<std::byte>> data;
+  data.reserve(c.tensors.size());
+  safetensors_writer w;
+  for (const auto& [name, t] : c.tensors) {
+    data.push_back(c.read_global(field, name));
+    w.add(name, type->second, std::vector<std::uint64_t>(t.shape.begin(), t.shape.end()), data.back());
+  }
+  w.set_metadata("format", "pt");  // what PyTorch's save_file writes: transformers reads it as PyTorch weights
+  w.set_metadata("trident.checkpoint", dir.filename().string());
+  w.set_metadata("trident.field", field);
+  w.set_metadata("trident.step", c.get("step"));
+  auto partial = out;
+  partial += ".partial";
+  w.write(partial, true);
+  std::filesystem::rename(partial, out);
+}
+
+//! What import_safetensors did not use.
+struct import_result {
+  std::vector<std::string> unused;  // tensors of the file that the model does not have
+};
+
+//! Starts `zero` from the weights in a safetensors file of whole tensors (one that PyTorch's
+//! safetensors.torch.save_file, export_safetensors or a converter wrote): every tensor of this
+//! rank's model is read by name, its global shape checked, converted to float (F32, F64, F16,
+//! BF16), cut as this rank's part and set as its parameters (master and working weights). The
+//! optimizer's states and counters are left as they are: this is a start, not a resume.
+//! Tensors of the file that the model lacks are returned, not an error (a state dict also
+//! holds buffers); a tensor of the model missing from the file is a usage_error. Collective
+//! over `comm` (every rank agrees that it worked).
+//!
+//!   auto r = trident::checkpoint::import_safetensors(grid.world(), zero, "gpt2.safetensors");
+template <communicator Comm, class Zero>
+import_result import_safetensors(Comm& comm, Zero& zero, const std::filesystem::path& file) {
+  using namespace detail;
+  import_result result;
+  const auto& layout = zero.layout();
+  agreed(comm, concat("checkpoint::import_safetensors(", file.string(), ")"), [&] {
+    const safetensors_file f(file);
+    std::vector<float> global, local;
+    for (std::size_t i = 0; i < layout.tensors(); ++i) {
+      const auto& spec = layout.spec_at(i);
+      const tensor_entry* t = f.find(spec.name);
+      if (t == nullptr) throw usage_error(concat("import_safetensors: ", file.string(), " has no tensor '", spec.name, "', which the model has"));
+      const std::vector<std::uint64_t> want(spec.global.shape().begin(), spec.global.shape().end());
+      if (t->shape != want)
+        throw usage_error(concat("import_safetensors: ", file.string(), ": '", spec.name, "' has shape ", shape_text(t->shape),
+                                 " there; the model's is ", shape_text(want)));
+      global.resize(spec.global.numel());
+      switch (t->type) {
+        case dtype::float32: f.read(spec.name, std::span<float>(global)); break;
+        case dtype::float64: convert_from<double>(f, spec.name, global); break;
+        case dtype::float16: convert_from<fp16>(f, spec.name, global); break;
+        case dtype::bfloat16: convert_from<bf16>(f, spec.name, global); break;
+        default:
+          throw usage_error(concat("import_safetensors: ", file.string(), ": '", spec.name, "' is ", name_of(t->type),
+                                   "; expected a floating-point tensor (F32, F64, F16, BF16)"));
+      }
+      local.resize(spec.global.local_numel());
+      take_part<float>(spec.global, spec.part, global, local);
+      zero.set_parameter(spec.name, local);
+    }
+    for (const auto& t : f.header().tensors) {
+      bool known = false;
+      for (std::size_t i = 0; i < layout.tensors() && !known; ++i) known = layout.name_at(i) == t.name;
+      if (!known) result.unused.push_back(t.name);
+    }
+  });
+  return result;
 }
 
 }  // namespace trident::checkpoint

@@ -224,6 +224,8 @@ class shard_loader {
   }
 
   std::size_t rows() const noexcept { return batch_; }
+  //! Tokens of one global batch (ranks x B x T): what one position step stands for.
+  std::size_t global_tokens() const noexcept { return static_cast<std::size_t>(ranks_) * batch_ * seq_; }
   std::size_t sequence() const noexcept { return seq_; }
   std::size_t shards() const noexcept { return shards_.size(); }
   //! Global batches shard s serves before the next shard starts.
@@ -273,7 +275,6 @@ class shard_loader {
     shard_info info;
     detail::file f;
   };
-  std::size_t global_tokens() const noexcept { return static_cast<std::size_t>(ranks_) * batch_ * seq_; }
 
   std::size_t batch_, seq_;
   int rank_, ranks_;

@@ -46,21 +46,44 @@ enum class model_copy { shard, replica };
 //! forward order; ZeRO-3 gathers parameters layer by layer, and buckets never split a layer),
 //! and, under tensor parallelism, whether this rank's tensor is a shard or a replica.
 //!
+//! Registered with its global sharding (model/sharding.hpp) and this rank's part, a tensor also
+//! says what it is a part of: its global shape and split axis, which is what lets a checkpoint
+//! written at one tensor-parallel size be loaded at another. Registered by shape, it is whole
+//! (a replicated sharding of that shape, part 0).
+//!
 //!   trident::model_spec spec;
 //!   spec.add("fc1.weight", {256, 784}, 0).add("fc1.bias", {256}, 0).add("fc2.weight", {10, 256}, 1);
 //!   spec.add("ln.weight", {768}, 2, trident::model_copy::replica);
 //!   spec.bucket_boundary(2);   // no bucket holds tensors of layers both below and from layer 2
+//!   // Tensor parallelism: rank t of the tensor group holds part t of the global weight.
+//!   spec.add("h0.mlp.fc1.weight", trident::sharding::split_exact({3072, 768}, 0, 4), t, 3);
 class model_spec {
  public:
   struct tensor {
     std::string name;
-    std::vector<std::size_t> shape;
+    std::vector<std::size_t> shape;  // this rank's (local) shape
     int layer;
     std::size_t numel;
     model_copy copy = model_copy::shard;
+    sharding global = sharding::replicated({});  // what it is a part of (set by add)
+    int part = 0;                                // which part: the rank in the tensor-parallel group
   };
 
   model_spec& add(std::string name, std::vector<std::size_t> shape, int layer, model_copy copy = model_copy::shard) {
+    auto global = sharding::replicated(shape);
+    return add_tensor(std::move(name), std::move(shape), layer, copy, std::move(global), 0);
+  }
+  //! Part `part` of a tensor divided as `global` says: local shape global.local_shape(); a split
+  //! is this rank's `shard`, a replicated sharding a `replica` (the same on every part).
+  model_spec& add(std::string name, const sharding& global, int part, int layer) {
+    TRIDENT_EXPECT(part >= 0 && (!global.is_split() || part < global.parts()), "model_spec::add(", name, "): part ", part,
+                   " of a tensor split into ", global.parts(), " parts; expected 0..", global.parts() - 1);
+    return add_tensor(std::move(name), global.local_shape(), layer, global.is_split() ? model_copy::shard : model_copy::replica, global,
+                      part);
+  }
+
+ private:
+  model_spec& add_tensor(std::string name, std::vector<std::size_t> shape, int layer, model_copy copy, sharding global, int part) {
     TRIDENT_EXPECT(!name.empty(), "model_spec::add: a tensor needs a name");
     TRIDENT_EXPECT(layer >= 0, "model_spec::add(", name, "): layer ", layer, " must be >= 0");
     TRIDENT_EXPECT(tensors_.empty() || layer >= tensors_.back().layer, "model_spec::add(", name, "): layer ", layer,
@@ -69,9 +92,11 @@ class model_spec {
     std::size_t n = 1;
     for (std::size_t d : shape) n *= d;
     TRIDENT_EXPECT(n > 0, "model_spec::add(", name, "): the shape has no elements");
-    tensors_.push_back({std::move(name), std::move(shape), layer, n, copy});
+    tensors_.push_back({std::move(name), std::move(shape), layer, n, copy, std::move(global), part});
     return *this;
   }
+
+ public:
   const std::vector<tensor>& tensors() const noexcept { return tensors_; }
   std::size_t parameters() const noexcept {
     std::size_t n = 0;
@@ -206,6 +231,7 @@ class flat_layout {
       index_.emplace(t.name, by_index_.size());
       by_index_.push_back(p);
       names_.push_back(t.name);
+      specs_.push_back(t);
       cursor[b] += t.numel;
     }
     parameters_ = spec.parameters();
@@ -266,6 +292,11 @@ class flat_layout {
     TRIDENT_EXPECT(i < names_.size(), "flat_layout::name_at(", i, "): the model has ", names_.size(), " tensors");
     return names_[i];
   }
+  //! The tensor as the model_spec registered it (local shape, global sharding and part).
+  const model_spec::tensor& spec_at(std::size_t i) const {
+    TRIDENT_EXPECT(i < specs_.size(), "flat_layout::spec_at(", i, "): the model has ", specs_.size(), " tensors");
+    return specs_[i];
+  }
   //! Elements of each rank's piece of bucket b.
   std::size_t piece_size(std::size_t b) const noexcept { return buckets_[b].split.part_extent(); }
   //! Where rank r's piece of bucket b starts in the full flat buffer.
@@ -294,6 +325,7 @@ class flat_layout {
   std::vector<placement> by_index_;  // the same, in model_spec order, for handles
   std::map<std::string, std::size_t> index_;
   std::vector<std::string> names_;
+  std::vector<model_spec::tensor> specs_;
   std::size_t full_size_ = 0, shard_size_ = 0, parameters_ = 0;
 };
 
