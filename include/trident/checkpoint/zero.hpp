@@ -1003,6 +1003,13 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
       for (const auto& r : f.held) {
         const auto& spec = layout.spec_at(r.tensor);
         const sharding saved = c.tensors.at(spec.name).split();
+        std::byte* const into = static_cast<std::byte*>(f.data) + r.at * elem;
+        if (Zero::space::host_accessible && saved == spec.global) {
+          // Straight from the file into the optimizer's memory: no staging copy, no zero fill.
+          c.read_local(f.name, spec.name, spec.global.is_split() ? spec.part : 0, r.begin, r.count,
+                       std::span<std::byte>(into, r.count * elem));
+          continue;
+        }
         host.assign(r.count * elem, std::byte{0});
         if (saved == spec.global) {
           c.read_local(f.name, spec.name, spec.global.is_split() ? spec.part : 0, r.begin, r.count, host);
@@ -1014,9 +1021,8 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
           });
           std::memcpy(host.data(), local.data() + r.begin * elem, r.count * elem);
         }
-        trident::detail::copy_bytes(static_cast<std::byte*>(f.data) + r.at * elem, Zero::space::host_accessible, host.data(),
-                                    true, host.size());
-        last_written = static_cast<std::byte*>(f.data) + r.at * elem;
+        trident::detail::copy_bytes(into, Zero::space::host_accessible, host.data(), true, host.size());
+        last_written = into;
       }
     }
     // A copy from pageable memory to a device may return before its DMA lands; one byte copied
