@@ -220,7 +220,10 @@ inline void resume_data(trident::data::shard_loader& train, const std::map<std::
   auto number = [&](const char* key) -> std::size_t {
     const auto it = meta.find(key);
     TRIDENT_EXPECT(it != meta.end(), "train: the checkpoint of step ", step, " has no data position ('", key, "')");
-    return static_cast<std::size_t>(std::stoull(it->second));
+    const std::string& v = it->second;
+    TRIDENT_EXPECT(!v.empty() && v.size() <= 18 && v.find_first_not_of("0123456789") == std::string::npos, "train: the checkpoint of step ",
+                   step, " has '", key, "' = '", v, "'; expected a count");
+    return static_cast<std::size_t>(std::stoull(v));
   };
   const std::size_t shard = number("data.shard"), batch = number("data.batch"), tokens = number("data.global_tokens");
   const std::size_t mine = train.global_tokens();

@@ -870,7 +870,8 @@ inline opened_checkpoint open_checkpoint(const std::filesystem::path& dir, const
         throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", c.files[i], " holds a piece of '", tensor,
                                         "', which its tensor list does not name"));
       const std::size_t count = static_cast<std::size_t>(t.shape[0]);
-      if (begin > c.tensors[tensor].split().local_numel() || count > c.tensors[tensor].split().local_numel() - begin)
+      const std::size_t part_numel = c.tensors[tensor].split().local_numel();
+      if (begin > part_numel || count > part_numel - begin)
         throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", c.files[i], "'s piece '", t.name, "' of ", count,
                                         " elements lies outside the tensor's part"));
       auto& list = c.pieces[field][tensor][part->second];
@@ -963,12 +964,8 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
         throw usage_error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
                            " here; load it with the precision it was saved with"));
     }
-    used.assign(c.tensors.size(), 0.0f);
-    std::size_t i = 0;
-    for (const auto& [name, t] : c.tensors) {
-      for (std::size_t k = 0; k < layout.tensors() && used[i] == 0.0f; ++k) used[i] = layout.name_at(k) == name ? 1.0f : 0.0f;
-      ++i;
-    }
+    used.clear();
+    for (const auto& [name, t] : c.tensors) used.push_back(layout.placements().count(name) != 0 ? 1.0f : 0.0f);
   });
   // ... and the other way round: every tensor of the checkpoint is loaded by some rank (the
   // same verdict on every rank: every rank read the same list).
@@ -1153,9 +1150,7 @@ import_result import_safetensors(Comm& comm, Zero& zero, const std::filesystem::
       zero.set_parameter(spec.name, local);
     }
     for (const auto& t : f.header().tensors) {
-      bool known = false;
-      for (std::size_t i = 0; i < layout.tensors() && !known; ++i) known = layout.name_at(i) == t.name;
-      if (!known) result.unused.push_back(t.name);
+      if (layout.placements().count(t.name) == 0) result.unused.push_back(t.name);
     }
   });
   return result;
