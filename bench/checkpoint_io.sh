@@ -23,14 +23,22 @@ cmake --build "$build" --target checkpoint_io > /dev/null
 mkdir -p "$dir"
 size_mb=$(( parameters * 12 / 1000000 ))  # as much as one checkpoint holds
 echo "== $(date -u +%Y-%m-%d) $(uname -n), $(nproc) cores; $(df -h "$dir" | tail -1 | awk '{print $1" ("$2")"}')"
-echo "== fio: sequential write and read of ${size_mb} MB in 4 MiB blocks, $ranks jobs (one per rank)"
-fio --name=write --directory="$dir" --rw=write --bs=4M --size="$((size_mb / ranks))M" --ioengine=psync --end_fsync=1 \
-    --numjobs="$ranks" --group_reporting --output-format=terse --terse-version=3 > "$dir/fio_write.txt"
-fio --name=write --directory="$dir" --rw=read --bs=4M --size="$((size_mb / ranks))M" --ioengine=psync --invalidate=1 \
-    --numjobs="$ranks" --group_reporting --output-format=terse --terse-version=3 > "$dir/fio_read.txt"
-# terse v3: field 7 = read bandwidth (KiB/s), field 48 = write bandwidth (KiB/s)
-awk -F';' '{printf "  fio write                 %7.2f GB/s\n", $48 * 1024 / 1e9}' "$dir/fio_write.txt"
-awk -F';' '{printf "  fio read                  %7.2f GB/s\n", $7 * 1024 / 1e9}' "$dir/fio_read.txt"
+echo "== fio: sequential write and read of ${size_mb} MB in 4 MiB blocks, $ranks jobs (one per rank); best of 3, as trident's"
+best_write=0
+best_read=0
+for rep in 1 2 3; do
+  fio --name=write --directory="$dir" --rw=write --bs=4M --size="$((size_mb / ranks))M" --ioengine=psync --end_fsync=1 \
+      --numjobs="$ranks" --group_reporting --output-format=terse --terse-version=3 > "$dir/fio_write.txt"
+  fio --name=write --directory="$dir" --rw=read --bs=4M --size="$((size_mb / ranks))M" --ioengine=psync --invalidate=1 \
+      --numjobs="$ranks" --group_reporting --output-format=terse --terse-version=3 > "$dir/fio_read.txt"
+  # terse v3: field 7 = read bandwidth (KiB/s), field 48 = write bandwidth (KiB/s)
+  w=$(awk -F';' '{print $48}' "$dir/fio_write.txt")
+  r=$(awk -F';' '{print $7}' "$dir/fio_read.txt")
+  (( w > best_write )) && best_write=$w
+  (( r > best_read )) && best_read=$r
+  rm -f "$dir"/write.*
+done
+awk -v w="$best_write" -v r="$best_read" 'BEGIN {printf "  fio write                 %7.2f GB/s\n  fio read                  %7.2f GB/s\n", w * 1024 / 1e9, r * 1024 / 1e9}'
 rm -f "$dir"/write.*
 echo "== trident"
 "$build/bench/checkpoint_io" "$dir/trident" "$parameters" "$ranks" 3

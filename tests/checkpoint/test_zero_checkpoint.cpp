@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -159,6 +160,32 @@ TEST_CASE("checkpoint: broken checkpoints are named, and load_latest falls back 
   fs::remove_all(root.parent_path());
 }
 
+// A load reads each header before the file's checksum is known (the checksum is computed as
+// the pieces are read): damage that still parses, here a shape changed alike in every file,
+// must be reported as corruption (load_latest goes on past it), not as another model.
+TEST_CASE("checkpoint: a damaged header that looks like another model is reported as corrupt") {
+  const auto root = fresh_dir("damaged_header");
+  local_world::run(2, [&](local_comm& comm) {
+    optimizer_t<1, trident::full_precision> z(comm, toy_spec(), adamw(), options());
+    initialise(z);
+    ck::save(comm, z, root, 1);
+  });
+  for (const char* name : {"rank_00000.safetensors", "rank_00001.safetensors"}) {
+    const auto f = root / "step_00000001" / name;
+    auto b = bytes_of(f);
+    const std::string shape = "\\t8,24\\t";  // w1's global shape in the tensor list (JSON escapes the tabs)
+    const auto at = std::search(b.begin(), b.end(), shape.begin(), shape.end());
+    REQUIRE(at != b.end());
+    at[2] = '9';
+    std::ofstream(f, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+  }
+  local_world::run(2, [&](local_comm& comm) {
+    optimizer_t<1, trident::full_precision> z(comm, toy_spec(), adamw(), options());
+    CHECK_THROWS_WITH_AS(ck::load(comm, z, root / "step_00000001"), doctest::Contains("is corrupt"), ck::corrupt_checkpoint);
+  });
+  fs::remove_all(root.parent_path());
+}
+
 TEST_CASE("checkpoint: an asynchronous save holds the state of its start while training goes on") {
   const auto sync_root = fresh_dir("sync"), async_root = fresh_dir("async");
   local_world::run(2, [&](local_comm& comm) {
@@ -169,6 +196,10 @@ TEST_CASE("checkpoint: an asynchronous save holds the state of its start while t
     ck::save(comm, z, sync_root, 10);
     auto pending = ck::save_async(comm, z, async_root, 10);
     CHECK(pending.path() == async_root / "step_00000010");
+    // At once, while the background thread is (likely) still starting its copy: these changes
+    // must wait for it (hold_state), or the files would hold them.
+    const auto spec = toy_spec();
+    for (const auto& t : spec.tensors()) z.set_parameter(t.name, std::vector<float>(t.numel, 7.0f));
     train(comm, z, 10, 15);  // changes every field the save is still writing
     pending.wait();
     CHECK(pending.ready());

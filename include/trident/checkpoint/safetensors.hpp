@@ -12,7 +12,8 @@
 //   parse_safetensors(file_bytes, source) -> safetensors_view {header, data_offset, data}   a file in memory
 //   class safetensors_writer            add(name, dtype, shape, bytes) / add(name, shape, span<T>),
 //                                       set_metadata(k, v), header_json(), file_bytes(), write(path, sync)
-//   class safetensors_file              opens and validates; header(), read(name, out), read_range(name, offset, out)
+//   class safetensors_file              opens and validates; header(), read(name, out), read_range(name, offset, out),
+//                                       read_at(out, file offset)
 //
 // The format (https://github.com/huggingface/safetensors): an 8-byte little-endian u64 N, then N
 // bytes of UTF-8 JSON, then the data section. The JSON maps each tensor's name to {"dtype",
@@ -722,6 +723,14 @@ class posix_file {
     written += done;
   }
 
+  //! Asks the kernel to start writing [offset, offset + bytes) to the device, without waiting
+  //! (Linux's sync_file_range; elsewhere nothing: the fsync does it all).
+  void start_writeback([[maybe_unused]] std::uint64_t offset, [[maybe_unused]] std::uint64_t bytes) noexcept {
+#if defined(__linux__)
+    ::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#endif
+  }
+
   void sync() {
     int rc = 0;
     do rc = ::fsync(fd_);
@@ -885,6 +894,14 @@ class safetensors_writer {
   //! rename it), and fsyncs it before closing unless `sync` is false. io_error naming the path
   //! when the OS refuses; a failed write leaves a partial file behind.
   void write(const std::filesystem::path& path, bool sync = true) const {
+    write(path, sync, [](std::span<const std::byte>) {});
+  }
+
+  //! write(), showing `seen` every byte of the file in order, in chunks of at most a few MiB,
+  //! each right after it is written (still in the cache): a checksum without reading the file
+  //! back.
+  template <class Seen>
+  void write(const std::filesystem::path& path, bool sync, Seen&& seen) const {
     const std::string header = header_json();
     TRIDENT_EXPECT(header.size() <= max_header_bytes, "safetensors_writer: the header of '", path.string(), "' takes ",
                    header.size(), " bytes, more than the ", max_header_bytes, "-byte limit readers accept");
@@ -893,8 +910,20 @@ class safetensors_writer {
     detail::posix_file f(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::uint64_t written = 0;
     f.write_all(length, written);
+    seen(std::span<const std::byte>(length));
     f.write_all(std::as_bytes(std::span(header.data(), header.size())), written);
-    for (const auto& t : tensors_) f.write_all(t.bytes, written);
+    seen(std::as_bytes(std::span(header.data(), header.size())));
+    constexpr std::size_t chunk = std::size_t{4} << 20;
+    for (const auto& t : tensors_)
+      for (std::size_t at = 0; at < t.bytes.size(); at += chunk) {
+        const auto part = t.bytes.subspan(at, std::min(chunk, t.bytes.size() - at));
+        const std::uint64_t from = written;
+        f.write_all(part, written);
+        // Start the device's write of what is written while the next chunk is copied, rather
+        // than all of it at the fsync: the fsync then waits for the tail only.
+        if (sync) f.start_writeback(from, part.size());
+        seen(part);
+      }
     if (sync) f.sync();
     f.close();
   }
@@ -958,6 +987,13 @@ class safetensors_file {
     TRIDENT_EXPECT(out.size() == t.bytes(), "safetensors file '", path().string(), "': tensor ",
                    detail::printable(name), " has ", t.bytes(), " bytes; the destination has ", out.size());
     file_.read_at(out, data_offset_ + t.begin);
+  }
+
+  //! Reads bytes [offset, offset + out.size()) of the file (offsets as in the file, header included).
+  void read_at(std::span<std::byte> out, std::uint64_t offset) const {
+    TRIDENT_EXPECT(offset <= file_bytes_ && out.size() <= file_bytes_ - offset, "safetensors file '", path().string(), "': bytes [",
+                   offset, ", ", offset, " + ", out.size(), ") of a file of ", file_bytes_, " bytes");
+    file_.read_at(out, offset);
   }
 
   //! Reads bytes [byte_offset, byte_offset + out.size()) of tensor `name`.

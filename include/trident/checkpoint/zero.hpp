@@ -46,8 +46,10 @@
 // without a MANIFEST, or whose files do not match it, is not a checkpoint: load() names what is
 // wrong, load_latest() goes on to the next older one.
 //
-// Asynchronous: save_async copies this rank's pieces to host memory (the only stall) and a
-// background thread writes them. The ranks then coordinate through the directory, not the
+// Asynchronous: a background thread copies this rank's pieces to host memory (the optimizer's
+// next update waits for that copy: the only stall) and writes them. A synchronous save writes
+// straight from the optimizer's host memory. Either way each file's xxh64 is computed as it is
+// written, and a load checks it as it reads (every file is passed over once). The ranks then coordinate through the directory, not the
 // communicator (which the training thread is using): each rank leaves "rank_N.done" (its
 // file's xxh64) or "rank_N.failed" beside its file, and rank 0 waits for all of them (up to
 // save_options::timeout) before it writes the manifest. A rank that dies mid-save leaves no
@@ -73,6 +75,7 @@
 #include <thread>
 #include <tuple>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -360,6 +363,83 @@ inline void check_file(const std::filesystem::path& dir, const std::string& file
     throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", hex64(got),
                                     ", the manifest says ", hex64(hash), ")"));
 }
+
+// Bytes a load reads from a file straight into memory that is its destination.
+struct direct_read {
+  std::uint64_t offset;  // in the file
+  std::byte* into;
+  std::size_t bytes;
+};
+
+// One pass over a checkpoint file: its xxh64 is computed while the `reads` it holds (sorted by
+// offset, not overlapping) land in their destinations, so a load reads each file once. What no
+// read asks for is hashed through a scratch chunk. The hash is of the bytes as they were read:
+// the destinations are hashed in chunks right after they arrive (still in the cache).
+inline void check_and_read(const std::filesystem::path& dir, const std::string& file, std::uint64_t hash,
+                           const std::vector<direct_read>& reads) {
+  const auto p = dir / file;
+  if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is missing"));
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw error(concat("checkpoint: cannot open ", p.string(), ": ", std::strerror(errno)));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_it{fd};
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  constexpr std::size_t chunk = std::size_t{2} << 20;  // fits the cache, so the hash rereads from it
+  std::vector<std::byte> scratch;
+  std::uint64_t at = 0;
+  bool ended = false;
+  // Reads [at, at + n) into `into` (or the scratch chunk) and hashes it; short at the file's end.
+  auto pass = [&](std::byte* into, std::uint64_t n) {
+    while (n > 0 && !ended) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(n, chunk));
+      std::byte* dst = into;
+      if (dst == nullptr) {
+        if (scratch.empty()) scratch.resize(chunk);
+        dst = scratch.data();
+      }
+      std::size_t got = 0;
+      while (got < want) {
+        const ssize_t r = ::pread(fd, dst + got, want - got, static_cast<off_t>(at + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) throw error(concat("checkpoint: cannot read ", p.string(), ": ", std::strerror(errno)));
+        if (r == 0) {
+          ended = true;
+          break;
+        }
+        got += static_cast<std::size_t>(r);
+      }
+      XXH64_update(&state, dst, got);
+      at += got;
+      n -= got;
+      if (into != nullptr) into += got;
+    }
+  };
+  for (const auto& r : reads) {
+    if (r.offset < at) throw error(concat("checkpoint: the direct reads of ", file, " overlap or are not sorted (a trident bug)"));
+    pass(nullptr, r.offset - at);
+    pass(r.into, r.bytes);
+  }
+  pass(nullptr, std::numeric_limits<std::uint64_t>::max());
+  const std::uint64_t got = XXH64_digest(&state);
+  if (got != hash)
+    throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", hex64(got),
+                                    ", the manifest says ", hex64(hash), ")"));
+}
+
+// Which rank checks (and reads in one pass) a file of a checkpoint: rank_N's file goes to rank
+// N mod world, so a load in the layout that saved reads its own file; the rest to rank 0.
+inline int file_checker(const std::string& file, int world) {
+  static constexpr std::string_view stem = "rank_";
+  if (file.rfind(stem, 0) != 0) return 0;
+  std::size_t n = 0;
+  for (std::size_t i = stem.size(); i < file.size() && file[i] >= '0' && file[i] <= '9'; ++i)
+    n = (n * 10 + static_cast<std::size_t>(file[i] - '0')) % static_cast<std::size_t>(world);
+  return static_cast<int>(n);
+}
 }  // namespace detail
 
 inline void verify(const std::filesystem::path& dir) {
@@ -388,8 +468,11 @@ namespace detail {
 
 // What one rank writes, copied out of the optimizer (the snapshot), and what rank 0 adds.
 struct rank_snapshot {
-  std::vector<std::byte> host;  // every piece, back to back
-  std::vector<std::tuple<std::string, dtype, std::size_t, std::size_t>> pieces;  // key, type, offset, bytes in host
+  std::vector<std::byte> host;  // every piece, back to back (unless written in place)
+  // key, type, data, bytes: where `take` reads a piece from (the optimizer's memory), then
+  // (after copy_pieces, unless in place) where it is written from.
+  std::vector<std::tuple<std::string, dtype, const std::byte*, std::size_t>> pieces;
+  bool in_place = false, from_host = true;
   std::map<std::string, std::string> metadata;
   std::string index;  // rank 0: index.json
 };
@@ -473,29 +556,24 @@ inline void parse_tensor_lines(const std::string& text, const std::string& file,
   }
 }
 
+// `in_place`: the pieces are written from the optimizer's (host) memory, which must not change
+// until the file is written (a synchronous save); otherwise copy_pieces copies them into the
+// snapshot's memory (`reuse`, a previous save's: no allocation, no page faults) first.
 template <class Zero>
 rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, const save_options& options,
-                            std::vector<std::byte> reuse) {
+                            std::vector<std::byte> reuse, bool in_place) {
   rank_snapshot snap;
-  snap.host = std::move(reuse);  // a previous save's memory: no allocation, no page faults
+  snap.host = std::move(reuse);
+  snap.in_place = in_place;
+  snap.from_host = Zero::space::host_accessible;
   const auto fields = zero.state_fields();
   const auto& layout = zero.layout();
-  std::size_t total = 0;
-  for (const auto& f : fields)
-    for (const auto& r : f.owned)
-      if (writes(layout.spec_at(r.tensor))) total += r.count * size_of(f.type);
-  snap.host.resize(total);
-  std::size_t used = 0;
   for (const auto& f : fields) {
     const std::size_t elem = size_of(f.type);
-    for (const auto& r : f.owned) {
-      if (!writes(layout.spec_at(r.tensor))) continue;
-      const std::size_t bytes = r.count * elem;
-      trident::detail::copy_bytes(snap.host.data() + used, true, static_cast<const std::byte*>(f.data) + r.at * elem,
-                                  Zero::space::host_accessible, bytes);
-      snap.pieces.emplace_back(piece_key(f.name, layout.name_at(r.tensor), r.begin), f.type, used, bytes);
-      used += bytes;
-    }
+    for (const auto& r : f.owned)
+      if (writes(layout.spec_at(r.tensor)))
+        snap.pieces.emplace_back(piece_key(f.name, layout.name_at(r.tensor), r.begin), f.type,
+                                 static_cast<const std::byte*>(f.data) + r.at * elem, r.count * elem);
   }
   auto& m = snap.metadata;
   m["format"] = std::string(format_name);
@@ -525,6 +603,20 @@ rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, 
   for (int r = 0; r < world; ++r) index += concat(r ? ", " : "", json_string(rank_file(r)));
   index += "],\n";
   return snap;
+}
+
+// The copy of a snapshot's pieces into its own memory (nothing when in place).
+inline void copy_pieces(rank_snapshot& snap) {
+  if (snap.in_place) return;
+  std::size_t total = 0;
+  for (const auto& p : snap.pieces) total += std::get<3>(p);
+  snap.host.resize(total);
+  std::size_t used = 0;
+  for (auto& [key, type, data, bytes] : snap.pieces) {
+    trident::detail::copy_bytes(snap.host.data() + used, true, data, snap.from_host, bytes);
+    data = snap.host.data() + used;
+    used += bytes;
+  }
 }
 
 // index.json's "tensors": every tensor's global shape, split and pieces, from what every rank
@@ -585,12 +677,15 @@ inline void write_checkpoint(const rank_snapshot& snap, const std::filesystem::p
                              const std::filesystem::path& final_dir, int rank, int world, const save_options& options) {
   try {
     safetensors_writer w;
-    for (const auto& [key, type, offset, bytes] : snap.pieces)
-      w.add(key, type, {static_cast<std::uint64_t>(bytes / size_of(type))}, std::span<const std::byte>(snap.host.data() + offset, bytes));
+    for (const auto& [key, type, data, bytes] : snap.pieces)
+      w.add(key, type, {static_cast<std::uint64_t>(bytes / size_of(type))}, std::span<const std::byte>(data, bytes));
     for (const auto& [k, v] : snap.metadata) w.set_metadata(k, v);
     const auto path = tmp / rank_file(rank);
-    w.write(path, options.sync);
-    publish(done_file(tmp, rank), hex64(file_xxh64(path)), options.sync);
+    // The checksum of the bytes as they are written (not read back: one pass over the data).
+    XXH64_state_t hash;
+    XXH64_reset(&hash, 0);
+    w.write(path, options.sync, [&](std::span<const std::byte> b) { XXH64_update(&hash, b.data(), b.size()); });
+    publish(done_file(tmp, rank), hex64(XXH64_digest(&hash)), options.sync);
   } catch (const std::exception& e) {
     try {
       publish(failed_file(tmp, rank), e.what(), false);
@@ -702,26 +797,12 @@ class pending_save {
   std::vector<std::byte> memory_;
 };
 
-//! Starts saving this data-parallel group's optimizer state as <root>/step_<step> (see the top
-//! of this header) and returns once this rank's state is copied to host memory: the files are
-//! written by a background thread while training goes on (the stall is the copy; bench/
-//! checkpoint_io measures it). Collective over `comm` (the group the optimizer was built on)
-//! for its start only. Every rank must wait() before its next save; rank 0's wait() returns
-//! once the checkpoint is complete.
-//!
-//! Passing the previous pending_save waits for it and reuses its host memory (the copy then
-//! allocates nothing and takes no page faults: the stall is one memcpy).
-//!
-//!   trident::checkpoint::pending_save pending;
-//!   for (...) {
-//!     ... a step ...
-//!     if (step % 100 == 0) pending = trident::checkpoint::save_async(comm, zero, "ckpt", step, {}, std::move(pending));
-//!   }
-//!   pending.wait();
+namespace detail {
+// save_async, and save with `in_place` (the file written straight from the optimizer's host
+// memory, which the caller leaves alone until the save is done: no copy).
 template <communicator Comm, class Zero>
-pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step,
-                        const save_options& options = {}, pending_save previous = {}) {
-  using namespace detail;
+pending_save start_save(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step, const save_options& options,
+                        pending_save previous, bool in_place) {
   TRIDENT_EXPECT(step >= 0, "checkpoint::save: step ", step, "; expected >= 0");
   TRIDENT_EXPECT(options.keep >= 0, "checkpoint::save: keep = ", options.keep, "; expected 0 (keep all) or more");
   TRIDENT_EXPECT(options.timeout.count() > 0, "checkpoint::save: timeout ", options.timeout.count(), " ms; expected > 0");
@@ -742,12 +823,58 @@ pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& roo
   // Device memory: the optimizer's last work is queued on the communicator's stream, which a
   // plain copy is not ordered with.
   if constexpr (!Zero::space::host_accessible) comm.synchronize();
-  state->snapshot = take_snapshot(zero, rank, world, step, options, std::move(memory));
+  state->snapshot = take_snapshot(zero, rank, world, step, options, std::move(memory), in_place);
+  // Host memory is copied by the background thread, and the optimizer's next update waits for
+  // that copy (hold_state): training stalls only if it updates before the copy is done. Device
+  // memory is copied here (the copy's stream and device belong to this thread).
+  std::promise<void> copied;
+  if constexpr (Zero::space::host_accessible) {
+    if (!in_place) zero.hold_state(copied.get_future().share());
+  } else {
+    copy_pieces(state->snapshot);
+  }
   // The snapshot lives on the heap with the future, so the pending_save may move.
-  state->finished = std::async(std::launch::async, [snap = &state->snapshot, root, tmp, final_dir, rank, world, options] {
+  state->finished = std::async(std::launch::async, [snap = &state->snapshot, copied = std::move(copied), root, tmp, final_dir, rank, world,
+                                                    options]() mutable {
+    try {
+      copy_pieces(*snap);
+    } catch (const std::exception& e) {
+      copied.set_value();  // the optimizer may go on; the save has failed
+      try {
+        publish(failed_file(tmp, rank), e.what(), false);
+      } catch (...) {
+      }
+      throw;
+    }
+    copied.set_value();
     write_checkpoint(*snap, root, tmp, final_dir, rank, world, options);
   });
   return pending_save(final_dir, std::move(state));
+}
+}  // namespace detail
+
+//! Starts saving this data-parallel group's optimizer state as <root>/step_<step> (see the top
+//! of this header) and returns: a background thread copies this rank's state to host memory,
+//! then writes the files while training goes on. The optimizer's next change of its state
+//! (step()'s update) waits for that copy (zero_optimizer::hold_state), so training stalls only
+//! where the next update comes sooner than the copy ends (bench/checkpoint_io measures it).
+//! Device memory is copied before this returns. Collective over `comm` (the group the
+//! optimizer was built on) for its start only. Every rank must wait() before its next save;
+//! rank 0's wait() returns once the checkpoint is complete.
+//!
+//! Passing the previous pending_save waits for it and reuses its host memory (the copy then
+//! allocates nothing and takes no page faults: one memcpy).
+//!
+//!   trident::checkpoint::pending_save pending;
+//!   for (...) {
+//!     ... a step ...
+//!     if (step % 100 == 0) pending = trident::checkpoint::save_async(comm, zero, "ckpt", step, {}, std::move(pending));
+//!   }
+//!   pending.wait();
+template <communicator Comm, class Zero>
+pending_save save_async(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step,
+                        const save_options& options = {}, pending_save previous = {}) {
+  return detail::start_save(comm, zero, root, step, options, std::move(previous), false);
 }
 
 //! Saves this data-parallel group's optimizer state as <root>/step_<step> (see the top of this
@@ -757,7 +884,8 @@ template <communicator Comm, class Zero>
 std::filesystem::path save(Comm& comm, Zero& zero, const std::filesystem::path& root, std::int64_t step,
                            const save_options& options = {}) {
   std::filesystem::path out;
-  auto pending = save_async(comm, zero, root, step, options);
+  // Written straight from host memory: the optimizer does not change until this returns.
+  auto pending = detail::start_save(comm, zero, root, step, options, {}, Zero::space::host_accessible);
   out = pending.path();
   detail::agreed(comm, "checkpoint::save", [&] { pending.wait(); });
   return out;
@@ -802,9 +930,11 @@ struct opened_checkpoint {
     return static_cast<std::int64_t>(x);
   }
 
-  // Elements [begin, begin + count) of part `part` of a tensor's field, as bytes into `out`.
-  void read_local(const std::string& field, const std::string& tensor, int part, std::size_t begin, std::size_t count,
-                  std::span<std::byte> out) const {
+  // Where elements [begin, begin + count) of part `part` of a tensor's field lie: calls
+  // at(file, offset in the file, the bytes of `out` it fills) per piece, in the order of `out`.
+  template <class At>
+  void locate(const std::string& field, const std::string& tensor, int part, std::size_t begin, std::size_t count,
+              std::span<std::byte> out, At at) const {
     const std::size_t elem = size_of(field_types.at(field));
     std::size_t covered = 0;
     if (auto f = pieces.find(field); f != pieces.end())
@@ -813,7 +943,9 @@ struct opened_checkpoint {
           for (const auto& p : pp->second) {
             const std::size_t lo = std::max(p.begin, begin), hi = std::min(p.begin + p.count, begin + count);
             if (lo >= hi) continue;
-            opened[p.file].read_range(p.key, (lo - p.begin) * elem, out.subspan((lo - begin) * elem, (hi - lo) * elem));
+            const auto& file = opened[p.file];
+            at(p.file, file.data_offset() + file.find(p.key)->begin + (lo - p.begin) * elem,
+               out.subspan((lo - begin) * elem, (hi - lo) * elem));
             covered += hi - lo;
           }
     // Pieces never overlap (each element is written once; copies were dropped), so full
@@ -822,6 +954,14 @@ struct opened_checkpoint {
       throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": '", field, "' of ", tensor, " (part ", part, ") elements ", begin, "..",
                                       begin + count, " are ", covered == 0 ? "missing" : "only partly there", " (", covered, " of ", count,
                                       " found)"));
+  }
+
+  // Elements [begin, begin + count) of part `part` of a tensor's field, as bytes into `out`.
+  void read_local(const std::string& field, const std::string& tensor, int part, std::size_t begin, std::size_t count,
+                  std::span<std::byte> out) const {
+    locate(field, tensor, part, begin, count, out, [&](std::size_t file, std::uint64_t offset, std::span<std::byte> into) {
+      opened[file].read_at(into, offset);
+    });
   }
 
   // The whole tensor of a field in its global row-major layout, assembled from its parts.
@@ -891,8 +1031,10 @@ inline opened_checkpoint open_checkpoint(const std::filesystem::path& dir, const
 //! Loads the checkpoint in `dir` into `zero`, whatever layout it was saved with: another world
 //! size, ZeRO stage, tensor-parallel size (each tensor is assembled from the parts it was
 //! saved in and cut as this rank's model_spec says) or pipeline split (tensors are found by
-//! name). The precision and the optimizer must match: the fields are compared. Verifies the
-//! files against MANIFEST first. Collective over `comm`, the group that saved (every rank of
+//! name). The precision and the optimizer must match: the fields are compared. Every file is
+//! verified against MANIFEST, in the same pass that reads it (each file is read once, by the
+//! rank that loads from it); a damaged file is a corrupt_checkpoint even where its damage
+//! would look like another model. Collective over `comm`, the group that saved (every rank of
 //! the model: the data-parallel group, or the whole grid under tensor or pipeline
 //! parallelism); on any rank's failure every rank throws and the optimizer may hold part of
 //! the checkpoint (load another, or start afresh).
@@ -906,15 +1048,18 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
   const std::string what = concat("checkpoint::load(", dir.string(), ")");
   std::map<std::string, std::uint64_t> manifest;
   agreed(comm, what, [&] { manifest = read_manifest(dir); });
-  // The checksums, split over the ranks (each file is read from disk once, not once per rank);
-  // every rank learns which file is bad, and the rank that found it why.
-  {
-    const std::vector<std::pair<std::string, std::uint64_t>> listed(manifest.begin(), manifest.end());
+  const std::vector<std::pair<std::string, std::uint64_t>> listed(manifest.begin(), manifest.end());
+  // The checksums, split over the ranks (each file is read from disk once, not once per rank,
+  // and by the rank that loads from it: `reads[i]`, this rank's pieces of listed file i, land in
+  // the optimizer during the same pass); every rank learns which file is bad, and the rank that
+  // found it why.
+  auto check_files = [&](const std::vector<std::vector<direct_read>>& reads) {
     std::uint64_t bad = 0;
     std::string why;
-    for (std::size_t i = static_cast<std::size_t>(comm.rank()); i < listed.size() && bad == 0; i += static_cast<std::size_t>(comm.size())) {
+    for (std::size_t i = 0; i < listed.size() && bad == 0; ++i) {
+      if (file_checker(listed[i].first, comm.size()) != comm.rank()) continue;
       try {
-        check_file(dir, listed[i].first, listed[i].second);
+        check_and_read(dir, listed[i].first, listed[i].second, reads.empty() ? std::vector<direct_read>{} : reads[i]);
       } catch (const std::exception& e) {
         bad = i + 1;
         why = e.what();
@@ -925,74 +1070,116 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
       if (verdicts[r] != 0) {
         if (static_cast<int>(r) == comm.rank()) throw corrupt_checkpoint(why);
         throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[verdicts[r] - 1].first, " is corrupt or missing (rank ", r,
-                           " verified it and raises the details)"));
+                                        " verified it and raises the details)"));
       }
-  }
+  };
   opened_checkpoint c;
   std::vector<float> used;  // per checkpoint tensor (name order): whether this rank loads it
-  agreed(comm, what, [&] {
-    c = open_checkpoint(dir, manifest);
-    result.step = c.integer("step");
-    counters.steps = c.integer("optimizer_steps");
-    counters.scaler.scale = std::strtod(c.get("scaler.scale").c_str(), nullptr);
-    counters.scaler.hysteresis = static_cast<int>(c.integer("scaler.hysteresis"));
-    counters.scaler.iteration = c.integer("scaler.iteration");
-    counters.scaler.last_overflow = c.integer("scaler.last_overflow");
-    for (const auto& [k, v] : c.meta0)
-      if (k.rfind(user_prefix, 0) == 0) result.metadata[k.substr(user_prefix.size())] = v;
-    // The model must be the same: every tensor here is in the checkpoint with its global shape.
-    for (std::size_t t = 0; t < layout.tensors(); ++t) {
-      const auto& spec = layout.spec_at(t);
-      const auto it = c.tensors.find(spec.name);
-      if (it == c.tensors.end())
-        throw usage_error(concat("checkpoint ", dir.string(), " has no tensor '", spec.name, "', which this model holds; it was saved from "
-                                 "another model"));
-      if (it->second.shape != spec.global.shape())
-        throw usage_error(concat("checkpoint ", dir.string(), ": tensor '", spec.name, "' is ", describe(it->second.split()),
-                                 " (shape, split axis, parts) there, and its global shape here is ", describe(spec.global),
+  // The headers are read before the checksums (a load reads each file once), so a damaged
+  // header that still parses could pass for another model: a usage error is raised only once
+  // the checksums are good.
+  try {
+    agreed(comm, what, [&] {
+      try {
+        c = open_checkpoint(dir, manifest);
+      } catch (const format_error& e) {
+        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", e.what()));
+      }
+      result.step = c.integer("step");
+      counters.steps = c.integer("optimizer_steps");
+      counters.scaler.scale = std::strtod(c.get("scaler.scale").c_str(), nullptr);
+      counters.scaler.hysteresis = static_cast<int>(c.integer("scaler.hysteresis"));
+      counters.scaler.iteration = c.integer("scaler.iteration");
+      counters.scaler.last_overflow = c.integer("scaler.last_overflow");
+      for (const auto& [k, v] : c.meta0)
+        if (k.rfind(user_prefix, 0) == 0) result.metadata[k.substr(user_prefix.size())] = v;
+      // The model must be the same: every tensor here is in the checkpoint with its global shape.
+      for (std::size_t t = 0; t < layout.tensors(); ++t) {
+        const auto& spec = layout.spec_at(t);
+        const auto it = c.tensors.find(spec.name);
+        if (it == c.tensors.end())
+          throw usage_error(concat("checkpoint ", dir.string(), " has no tensor '", spec.name, "', which this model holds; it was saved from "
+                                   "another model"));
+        if (it->second.shape != spec.global.shape())
+          throw usage_error(concat("checkpoint ", dir.string(), ": tensor '", spec.name, "' is ", describe(it->second.split()),
+                                   " (shape, split axis, parts) there, and its global shape here is ", describe(spec.global),
+                                   "; it was saved from another model"));
+      }
+      for (const auto& f : fields) {
+        auto ft = c.field_types.find(f.name);
+        if (ft == c.field_types.end()) {
+          std::string have;
+          for (const auto& [n, t] : c.field_types) have += concat(have.empty() ? "" : ", ", n, " (", name_of(t), ")");
+          throw usage_error(concat("checkpoint ", dir.string(), " has no '", f.name, "' (", name_of(f.type), "), which this optimizer "
+                             "holds; it has: ", have, ". Load it with the precision and optimizer it was saved with"));
+        }
+        if (ft->second != f.type)
+          throw usage_error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
+                             " here; load it with the precision it was saved with"));
+      }
+      used.clear();
+      for (const auto& [name, t] : c.tensors) used.push_back(layout.placements().count(name) != 0 ? 1.0f : 0.0f);
+    });
+    // ... and the other way round: every tensor of the checkpoint is loaded by some rank (the
+    // same verdict on every rank: every rank read the same list).
+    {
+      using space = typename Comm::space;
+      if constexpr (space::host_accessible) {
+        comm.all_reduce(std::span<float>(used), reduce_op::max);
+      } else {
+        buffer<float, space> staged(used.size(), mem_category::communication);
+        stage_in(used.data(), used.size(), staged);
+        comm.all_reduce(staged, reduce_op::max);
+        comm.synchronize();
+        trident::copy(space_span<const float, space>(staged.data(), used.size()), space_span<float, host_space>(used));
+      }
+      std::string unused;
+      std::size_t i = 0;
+      for (const auto& [name, t] : c.tensors)
+        if (used[i++] == 0.0f) unused += concat(unused.empty() ? "" : ", ", name);
+      if (!unused.empty())
+        throw usage_error(concat("checkpoint ", dir.string(), " holds tensors that no rank's model has: ", unused,
                                  "; it was saved from another model"));
     }
-    for (const auto& f : fields) {
-      auto ft = c.field_types.find(f.name);
-      if (ft == c.field_types.end()) {
-        std::string have;
-        for (const auto& [n, t] : c.field_types) have += concat(have.empty() ? "" : ", ", n, " (", name_of(t), ")");
-        throw usage_error(concat("checkpoint ", dir.string(), " has no '", f.name, "' (", name_of(f.type), "), which this optimizer "
-                           "holds; it has: ", have, ". Load it with the precision and optimizer it was saved with"));
-      }
-      if (ft->second != f.type)
-        throw usage_error(concat("checkpoint ", dir.string(), ": '", f.name, "' is ", name_of(ft->second), " there and ", name_of(f.type),
-                           " here; load it with the precision it was saved with"));
-    }
-    used.clear();
-    for (const auto& [name, t] : c.tensors) used.push_back(layout.placements().count(name) != 0 ? 1.0f : 0.0f);
-  });
-  // ... and the other way round: every tensor of the checkpoint is loaded by some rank (the
-  // same verdict on every rank: every rank read the same list).
-  {
-    using space = typename Comm::space;
-    if constexpr (space::host_accessible) {
-      comm.all_reduce(std::span<float>(used), reduce_op::max);
-    } else {
-      buffer<float, space> staged(used.size(), mem_category::communication);
-      stage_in(used.data(), used.size(), staged);
-      comm.all_reduce(staged, reduce_op::max);
-      comm.synchronize();
-      trident::copy(space_span<const float, space>(staged.data(), used.size()), space_span<float, host_space>(used));
-    }
-    std::string unused;
-    std::size_t i = 0;
-    for (const auto& [name, t] : c.tensors)
-      if (used[i++] == 0.0f) unused += concat(unused.empty() ? "" : ", ", name);
-    if (!unused.empty())
-      throw usage_error(concat("checkpoint ", dir.string(), " holds tensors that no rank's model has: ", unused,
-                               "; it was saved from another model"));
+  } catch (const usage_error&) {
+    check_files({});
+    throw;
   }
+  // This rank's reads in the layout that saved (host memory, the same division): planned per
+  // file, done during the checksum pass for the files this rank checks and after it for others.
+  std::vector<std::vector<direct_read>> reads(listed.size());
+  std::vector<std::pair<std::size_t, direct_read>> elsewhere;  // (opened file, read)
+  agreed(comm, what, [&] {
+    if constexpr (Zero::space::host_accessible) {
+      std::map<std::string, std::size_t> listed_at;
+      for (std::size_t i = 0; i < listed.size(); ++i) listed_at[listed[i].first] = i;
+      for (const auto& f : fields) {
+        const std::size_t elem = size_of(f.type);
+        for (const auto& r : f.held) {
+          const auto& spec = layout.spec_at(r.tensor);
+          if (c.tensors.at(spec.name).split() != spec.global) continue;
+          std::byte* const into = static_cast<std::byte*>(f.data) + r.at * elem;
+          c.locate(f.name, spec.name, spec.global.is_split() ? spec.part : 0, r.begin, r.count, std::span<std::byte>(into, r.count * elem),
+                   [&](std::size_t file, std::uint64_t offset, std::span<std::byte> out) {
+                     const direct_read d{offset, out.data(), out.size()};
+                     if (file_checker(c.files[file], comm.size()) == comm.rank())
+                       reads[listed_at.at(c.files[file])].push_back(d);
+                     else
+                       elsewhere.emplace_back(file, d);
+                   });
+        }
+      }
+      for (auto& per_file : reads)
+        std::sort(per_file.begin(), per_file.end(), [](const direct_read& x, const direct_read& y) { return x.offset < y.offset; });
+    }
+  });
+  check_files(reads);
   agreed(comm, what, [&] {
     // Fill every held range (on a device, after the optimizer's queued work: the copies are not
     // on the communicator's stream). A tensor saved in the same parts as this rank's model
     // holds it is read piece by piece; one saved otherwise is assembled whole and cut anew.
     if constexpr (!Zero::space::host_accessible) comm.synchronize();
+    for (const auto& [file, d] : elsewhere) c.opened[file].read_at(std::span<std::byte>(d.into, d.bytes), d.offset);
     std::vector<std::byte> host;
     std::byte* last_written = nullptr;
     for (const auto& f : fields) {
@@ -1001,12 +1188,7 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
         const auto& spec = layout.spec_at(r.tensor);
         const sharding saved = c.tensors.at(spec.name).split();
         std::byte* const into = static_cast<std::byte*>(f.data) + r.at * elem;
-        if (Zero::space::host_accessible && saved == spec.global) {
-          // Straight from the file into the optimizer's memory: no staging copy, no zero fill.
-          c.read_local(f.name, spec.name, spec.global.is_split() ? spec.part : 0, r.begin, r.count,
-                       std::span<std::byte>(into, r.count * elem));
-          continue;
-        }
+        if (Zero::space::host_accessible && saved == spec.global) continue;  // read straight into place (above, below)
         host.assign(r.count * elem, std::byte{0});
         if (saved == spec.global) {
           c.read_local(f.name, spec.name, spec.global.is_split() ? spec.part : 0, r.begin, r.count, host);

@@ -120,6 +120,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <optional>
@@ -320,6 +321,7 @@ class zero_optimizer {
   zero_optimizer(const zero_optimizer&) = delete;
   zero_optimizer& operator=(const zero_optimizer&) = delete;
   ~zero_optimizer() {
+    await_holds();  // an asynchronous checkpoint may still be copying our state
     // Communication in flight reads and writes our buffers: wait for all of it, even past a
     // failure, before they go. The destructor cannot throw, so a failure is reported rather than
     // lost (call finish() first to get it as an exception).
@@ -345,6 +347,7 @@ class zero_optimizer {
   //! Sets a parameter from its full value (every rank passes the same values; each keeps what its
   //! stage keeps).
   void set_parameter(const std::string& name, std::span<const float> values) {
+    await_holds();
     const auto& p = layout_.find(name);
     TRIDENT_EXPECT(values.size() == p.numel, "set_parameter(", name, "): got ", values.size(), " values; expected ", p.numel);
     std::vector<half_type> halves(p.numel);
@@ -526,6 +529,7 @@ class zero_optimizer {
     check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
     const double norm = std::sqrt(norm_squared);
     const bool applied = scaler_.update(overflow);
+    await_holds();  // the state changes from here: an asynchronous checkpoint must have copied it
 
     if (applied) {
       ++step_count_;
@@ -585,6 +589,7 @@ class zero_optimizer {
   //!   for (auto& f : zero.state_fields()) for (auto& r : f.owned) write(f.name, layout.name(r.tensor), r, f.data);
   std::vector<state_field> state_fields() {
     guarded("state_fields", [&] { finish_reductions(); });
+    await_holds();  // the caller may write into them
     std::vector<state_field> out;
     out.push_back({"parameters", dtype_of<half_type>, working_.data(), ranges(!policy::shards_parameters, false),
                    ranges(!policy::shards_parameters, true)});
@@ -612,11 +617,21 @@ class zero_optimizer {
     requires restorable_loss_scaler<scaler_type>
   {
     TRIDENT_EXPECT(c.steps >= 0, "restore_counters: a step count of ", c.steps, "; expected >= 0");
+    await_holds();
     scaler_.restore(c.scaler);
     step_count_ = c.steps;
     invalidate_gathered();
     zero_grad();
   }
+
+  //! Makes the next change of the optimizer's state wait until `ready` (step()'s update,
+  //! set_parameter(), state_fields(), restore_counters(), the destructor): an asynchronous
+  //! checkpoint copies the state in the background meanwhile, so training stalls only where
+  //! the next update comes before the copy is done. A failure behind `ready` is not raised
+  //! here (its owner raises it).
+  //!
+  //!   zero.hold_state(copied.get_future().share());   // what checkpoint::save_async does
+  void hold_state(std::shared_future<void> ready) { holds_.push_back(std::move(ready)); }
 
   //! Clears the gradients, after waiting for reductions in flight (step() does this itself).
   void zero_grad() {
@@ -1385,6 +1400,11 @@ class zero_optimizer {
   flat_layout layout_;
   int rank_;
   std::int64_t step_count_ = 0;
+  std::vector<std::shared_future<void>> holds_;  // hold_state()
+  void await_holds() noexcept {
+    for (auto& h : holds_) h.wait();
+    holds_.clear();
+  }
   bool sync_ = true;
 
   buffer<half_type, space> working_;  // full (stages 0-2) or shard (stage 3)
