@@ -41,7 +41,7 @@ std::vector<float> train(int n, Opt opt, int steps, zero::zero_options options =
   return result[0];
 }
 
-optim::sgd sgd_momentum() {
+[[maybe_unused]] optim::sgd sgd_momentum() {
   optim::sgd o;
   o.opt.lr = 0.05f;
   o.opt.momentum = 0.9f;
@@ -81,9 +81,11 @@ void check_equivalence(Opt opt, const char* name) {
     CHECK(s0 == s2);
     CHECK(s0 == s3);
   }
+#if !TRIDENT_ZERO_FEW_INSTANCES
   // A stage given as its policy type is the same optimizer as its number.
   CHECK(train<zero::stage_2{}>(3, opt, 5) == train<2>(3, opt, 5));
   CHECK(train<zero::stage_3{}>(2, opt, 5) == train<3>(2, opt, 5));
+#endif
 }
 
 static_assert(std::is_same_v<zero::stage_policy_t<0>, zero::stage_0> && std::is_same_v<zero::stage_policy_t<3>, zero::stage_3>);
@@ -101,11 +103,15 @@ static_assert(!zero::zero_stage<int>);
 
 }  // namespace
 
+// The sanitizer build (TRIDENT_ZERO_FEW_INSTANCES, tests/zero/zero.cmake) runs the ZeRO code
+// through AdamW alone: every optimizer shares the stages' code, and each optimizer type is
+// another set of instantiations that CI's time cannot afford under ASan. The main build runs all.
+TEST_CASE("zero: the same with AdamW") { check_equivalence(adamw(), "adamw"); }
+
+#if !TRIDENT_ZERO_FEW_INSTANCES
 TEST_CASE("zero: stages 0-3 on N ranks = one rank on the global batch; stages agree bitwise (SGD momentum)") {
   check_equivalence(sgd_momentum(), "sgd");
 }
-
-TEST_CASE("zero: the same with AdamW") { check_equivalence(adamw(), "adamw"); }
 
 TEST_CASE("zero: the same with AdamW + AMSGrad (a third state, sharded like the others)") {
   optim::adamw_amsgrad o;
@@ -113,6 +119,7 @@ TEST_CASE("zero: the same with AdamW + AMSGrad (a third state, sharded like the 
   check_equivalence(o, "adamw_amsgrad");
   CHECK(train<0>(1, o, 10) != train<0>(1, adamw(), 10));  // the maximum matters within 10 steps
 }
+#endif
 
 TEST_CASE("zero: the stage must be 0-3 (compile-time) and the model must make sense (run-time)") {
   local_world::run(1, [](local_comm& comm) {

@@ -3,6 +3,9 @@
 find_package(Threads REQUIRED)
 trident_add_test(zero.local SOURCES zero/test_zero.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
 target_include_directories(test_zero_local PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+if(CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  target_compile_definitions(test_zero_local PRIVATE TRIDENT_ZERO_FEW_INSTANCES=1)  # see test_zero.cpp
+endif()
 # The flat layout alone: buckets, layers without tensors, handles.
 trident_add_test(zero.flat_layout SOURCES zero/test_flat_layout.cpp LABELS zero)
 # Bad input (issue 17): a clear usage_error on every rank, never a crash, hang or silent corruption.
