@@ -19,6 +19,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
+#include "trident/nn/recompute.hpp"
 #include "trident/parallel/tensor/block.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 #include "trident/parallel/tensor/regions.hpp"
@@ -375,6 +376,132 @@ void activation_bytes(Comm& tp, bool sequence_parallel) {
             std::to_string(static_cast<long>(norm_stats)) + " x 4 B)";
   if (tp.rank() == 0) MESSAGE(report);
   CHECK(static_cast<double>(measured) == formula);
+}
+
+//! Activation recomputation (issue 14): a stack of `layers` blocks, forward through all, then
+//! backward through all, with each block's activations kept (none), only its attention
+//! probabilities recomputed (selective), only its input kept (full: nn::checkpointed), or
+//! both. The outputs, input gradients and parameter gradients must be bitwise those of keeping
+//! everything. What each keeps is measured by the ledger (the peak of mem_category::
+//! activations over the whole forward and backward) against the formulas of activation_bytes:
+//! per block, in floats, with K = the kept elements of one block (activation_bytes' formula)
+//!   none       layers x K
+//!   selective  layers x (K - as^2b/t)  + one workspace: as^2b/t + sbh/t (the recomputed
+//!              probabilities and attention output)
+//!   full       layers x sbh/t'         + one workspace: K + sbh/t' (a block's activations and
+//!              output), where t' = t with sequence parallelism, else 1
+//! with s, b, h, a, t as in activation_bytes.
+enum class recompute { none, selective, full, full_selective };
+inline const char* name_of(recompute r) {
+  switch (r) {
+    case recompute::none: return "none";
+    case recompute::selective: return "selective";
+    case recompute::full: return "full";
+    case recompute::full_selective: return "full + selective";
+  }
+  return "?";
+}
+
+struct stack_result {
+  std::vector<float> y, dx;
+  std::vector<std::vector<float>> grads;  // per block, per parameter
+  std::size_t peak_activation_bytes = 0;
+};
+
+template <class Comm>
+stack_result run_stack(Comm& tp, recompute mode, bool sequence_parallel, int layers, std::uint64_t seed) {
+  const bool selective = mode == recompute::selective || mode == recompute::full_selective;
+  const bool full = mode == recompute::full || mode == recompute::full_selective;
+  const tensor::block_config config{.seq = 12, .batch = 2, .hidden = 24, .heads = 4, .ffn = 96, .eps = 1e-5f,
+                                    .sequence_parallel = sequence_parallel, .selective_recompute = selective};
+  // From here on: the blocks' selective workspace is activation memory too.
+  const auto ledger = trident::current_ledger();
+  const std::size_t before = ledger->bytes(trident::space_kind::host, trident::mem_category::activations);
+  ledger->reset_peaks();
+  std::vector<tensor::transformer_block> blocks;
+  for (int l = 0; l < layers; ++l) {
+    blocks.emplace_back(tp, config, "h" + std::to_string(l));
+    if (selective && l > 0) blocks.back().share_attention_workspace(blocks.front());
+  }
+  std::vector<std::vector<std::vector<float>>> weights, grads;
+  for (int l = 0; l < layers; ++l) {
+    weights.push_back(blocks[static_cast<std::size_t>(l)].init_parameters(seed + static_cast<std::uint64_t>(l), layers));
+    std::vector<std::vector<float>> g;
+    for (const auto& w : weights.back()) g.emplace_back(w.size(), 0.0f);
+    grads.push_back(std::move(g));
+  }
+  const std::size_t numel = blocks.front().input_numel();
+  // The same input and output gradient on every rank of the group (each takes its rows).
+  const std::size_t first = sequence_parallel ? static_cast<std::size_t>(tp.rank()) * numel : 0;
+  const auto x_all = random(numel * static_cast<std::size_t>(sequence_parallel ? tp.size() : 1), seed + 100);
+  const auto dy_all = random(x_all.size(), seed + 101);
+  const std::vector<float> x(x_all.begin() + static_cast<std::ptrdiff_t>(first), x_all.begin() + static_cast<std::ptrdiff_t>(first + numel));
+  const std::vector<float> dy(dy_all.begin() + static_cast<std::ptrdiff_t>(first), dy_all.begin() + static_cast<std::ptrdiff_t>(first + numel));
+  auto w_of = [&](int l) {
+    std::array<std::span<const float>, tensor::block_tensors<float>::count> s;
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = weights[static_cast<std::size_t>(l)][i];
+    return tensor::block_tensors<const float>::from(s);
+  };
+  auto g_of = [&](int l) { return tensor::block_tensors<float>::over(grads[static_cast<std::size_t>(l)]); };
+
+  stack_result out;
+  {
+    std::vector<float> cur = x, next(numel), g = dy, dx(numel);
+    if (full) {
+      using ckpt = trident::nn::checkpointed<tensor::transformer_block>;
+      const auto ws = ckpt::make_workspace(blocks.front());
+      std::vector<ckpt> stack;
+      std::vector<ckpt::activations> kept;
+      for (const auto& b : blocks) {
+        stack.emplace_back(b, ws);
+        kept.push_back(stack.back().make_activations());
+      }
+      for (int l = 0; l < layers; ++l, std::swap(cur, next)) stack[static_cast<std::size_t>(l)].forward(tp, w_of(l), cur, next, kept[static_cast<std::size_t>(l)]);
+      for (int l = layers; l-- > 0; std::swap(g, dx)) stack[static_cast<std::size_t>(l)].backward(tp, w_of(l), kept[static_cast<std::size_t>(l)], g, dx, g_of(l));
+    } else {
+      std::vector<tensor::block_activations> kept;
+      for (const auto& b : blocks) kept.push_back(b.make_activations());
+      for (int l = 0; l < layers; ++l, std::swap(cur, next)) blocks[static_cast<std::size_t>(l)].forward(tp, w_of(l), cur, next, kept[static_cast<std::size_t>(l)]);
+      for (int l = layers; l-- > 0; std::swap(g, dx)) blocks[static_cast<std::size_t>(l)].backward(tp, w_of(l), kept[static_cast<std::size_t>(l)], g, dx, g_of(l));
+    }
+    out.y = cur;
+    out.dx = g;
+  }
+  // The selective workspace lives with the blocks: it is part of the peak.
+  out.peak_activation_bytes = ledger->peak(trident::space_kind::host, trident::mem_category::activations) - before;
+  for (auto& per_block : grads)
+    for (auto& v : per_block) out.grads.push_back(std::move(v));
+  return out;
+}
+
+template <class Comm>
+void recompute_equals_plain(Comm& tp, bool sequence_parallel) {
+  constexpr int layers = 3;
+  const auto plain = run_stack(tp, recompute::none, sequence_parallel, layers, 900);
+  const double t = tp.size(), s = 12, b = 2, h = 24, a = 4;
+  const double sbh = s * b * h, as2b = a * s * s * b, tp_rows = sequence_parallel ? t : 1.0;
+  const double kept = (t == 1 ? 16 * sbh + as2b : sequence_parallel ? (16 * sbh + as2b) / t : (4 + 12 / t) * sbh + as2b / t) +
+                      4 * s * b / tp_rows;  // activation_bytes' formula with the norms' statistics
+  const double input = sbh / tp_rows;
+  for (const auto mode : {recompute::selective, recompute::full, recompute::full_selective}) {
+    const auto r = run_stack(tp, mode, sequence_parallel, layers, 900);
+    const std::string where = std::string("recompute ") + name_of(mode) + ", t = " + std::to_string(tp.size()) +
+                              (sequence_parallel ? ", sequence parallel" : "");
+    INFO(where);
+    CHECK(r.y == plain.y);  // bitwise
+    CHECK(r.dx == plain.dx);
+    CHECK(r.grads == plain.grads);
+    double floats = 0;
+    if (mode == recompute::selective) floats = layers * (kept - as2b / t) + as2b / t + sbh / t;
+    else if (mode == recompute::full) floats = layers * input + kept + input;
+    else floats = layers * input + (kept - as2b / t) + input + as2b / t + sbh / t;
+    const std::string report = where + ", " + std::to_string(layers) + " blocks, activation bytes at peak: " +
+                               std::to_string(r.peak_activation_bytes) + " (formula " + std::to_string(static_cast<long>(4 * floats)) +
+                               "), keeping everything " + std::to_string(plain.peak_activation_bytes);
+    if (tp.rank() == 0) MESSAGE(report);
+    CHECK(static_cast<double>(r.peak_activation_bytes) == 4 * floats);
+  }
+  CHECK(static_cast<double>(plain.peak_activation_bytes) == 4 * layers * kept);
 }
 
 //! Bytes communicated per block and step (forward + backward), counted by the communicator,

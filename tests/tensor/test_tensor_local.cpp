@@ -57,6 +57,12 @@ TEST_CASE("activation bytes kept per block follow Korthikanti et al.'s counts (t
     for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::activation_bytes(tp, sp); });
 }
 
+TEST_CASE("recomputation (selective, full, both) trains bitwise as keeping everything, and keeps what the formulas say "
+          "(threads, t = 1, 2, 4; with and without sequence parallelism)") {
+  for (int t : {1, 2, 4})
+    for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::recompute_equals_plain(tp, sp); });
+}
+
 TEST_CASE("bytes communicated per block and step equal the analytic volume (threads, t = 1, 2, 4)") {
   for (int t : {1, 2, 4})
     for (bool sp : {false, true}) local_world::run(t, [sp](local_comm& tp) { tensor_suite::block_traffic(tp, sp); });

@@ -30,6 +30,8 @@ TEST_CASE("tensor-parallel transformer block = the unsharded block over MPI (t =
   tensor_suite::block_equals_serial(world, 500, true);
   tensor_suite::activation_bytes(world, false);
   tensor_suite::activation_bytes(world, true);
+  tensor_suite::recompute_equals_plain(world, false);
+  tensor_suite::recompute_equals_plain(world, true);
   tensor_suite::block_traffic(world, false);
   tensor_suite::block_traffic(world, true);
   tensor_suite::block_bad_shapes(world);

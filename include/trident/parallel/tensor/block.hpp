@@ -17,9 +17,16 @@
 // all-gathers more, for memory divided by t); the norms' weight gradients are partial sums
 // over this rank's rows, all-reduced over the group (one call of 4 x hidden floats).
 //
-//   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps
+//   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps,
+//                             sequence_parallel, selective_recompute
 //   template <class T> struct block_tensors   one span per parameter, in parameters() order
-//   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads)
+//   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads),
+//                             share_attention_workspace(other); nn::checkpointed<> wraps it
+//
+// Recomputation (issue 14): block_config::selective_recompute keeps everything but the
+// attention probabilities, which backward recomputes (Korthikanti et al.'s selective
+// recomputation); nn::checkpointed<transformer_block> keeps only the block's input (full
+// recomputation). Both train bitwise as keeping everything (tests/tensor: recompute_equals_plain).
 //
 // Layouts: activations are sequence-major rows ([seq, batch, hidden]: row i * batch + b). The
 // fused QKV weight [3 x hidden, hidden] orders its rows by (head, q/k/v, head_dim), so that a
@@ -38,6 +45,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -67,6 +75,11 @@ struct block_config {
   //! seq / t positions (x, y, dx, dy are [seq / t x batch, hidden] shards), f becomes an
   //! all-gather and g a reduce-scatter; the norms' gradients are summed over the group.
   bool sequence_parallel = false;
+  //! Korthikanti et al.'s selective recomputation: forward keeps no attention probabilities
+  //! ([batch, heads / t, seq, seq], the activation that grows with seq squared); backward
+  //! recomputes them from the kept q, k, v into a workspace that the blocks sharing it
+  //! (share_attention_workspace) hold once. Bitwise the same training.
+  bool selective_recompute = false;
 };
 
 //! The block's parameters (or their gradients), one span each, this rank's parts.
@@ -102,7 +115,7 @@ struct block_activations {
   using storage = buffer<float, host_space>;
   storage x;                           // the block's input
   storage ln1_mean, ln1_rstd, ln1_out;
-  storage qkv, probs, attn;            // this rank's heads
+  storage qkv, probs, attn;            // this rank's heads (probs empty under selective recomputation)
   storage mid;                         // x + attention's output
   storage ln2_mean, ln2_rstd, ln2_out;
   storage fc1_out, gelu_out;           // this rank's ffn features
@@ -110,6 +123,12 @@ struct block_activations {
   // wait to be reduce-scattered ([seq x batch, hidden] each). Scratch: nothing in them is
   // kept from forward to backward (the norms' outputs are gathered again there).
   storage gathered, partial;
+};
+
+//! Where selective recomputation puts the attention probabilities (and the attention's output,
+//! recomputed beside them and dropped): one per stack of blocks that share it.
+struct attention_workspace {
+  buffer<float, host_space> probs, out;
 };
 
 class transformer_block {
@@ -129,6 +148,18 @@ class transformer_block {
     local_heads_ = c_.heads / static_cast<std::size_t>(parts_);
   }
 
+  //! Under selective recomputation: uses `other`'s attention workspace (a block of the same
+  //! attention sizes), so that a stack of blocks holds one. Blocks run one at a time.
+  void share_attention_workspace(const transformer_block& other) {
+    TRIDENT_EXPECT(c_.selective_recompute && other.c_.selective_recompute, name_, ": share_attention_workspace with ", other.name_,
+                   ": both blocks must have block_config::selective_recompute");
+    TRIDENT_EXPECT(other.attention().probs_size() == attention().probs_size() && other.rows() == rows() &&
+                       other.local_heads_ * other.head_dim() == local_heads_ * head_dim(),
+                   name_, ": share_attention_workspace with ", other.name_, ", whose attention has other sizes");
+    other.workspace();  // made once, by the first block that needs it
+    attention_ws_ = other.attention_ws_;
+  }
+
   const block_config& config() const noexcept { return c_; }
   //! Whether backward overlaps each input-gradient all-reduce with its weight-gradient GEMM
   //! (on by default; the results are the same either way).
@@ -140,6 +171,9 @@ class transformer_block {
   //! The rows of x, y, dx and dy on this rank: rows(), or rows() / t with sequence parallelism.
   std::size_t local_rows() const noexcept { return c_.sequence_parallel ? rows() / static_cast<std::size_t>(parts_) : rows(); }
   std::size_t local_heads() const noexcept { return local_heads_; }
+  //! The elements of x and dx (and of y and dy): local_rows() x hidden.
+  std::size_t input_numel() const noexcept { return local_rows() * c_.hidden; }
+  std::size_t output_numel() const noexcept { return local_rows() * c_.hidden; }
 
   //! Every parameter in a fixed order (block_tensors' order), with its sharding.
   std::vector<parameter> parameters() const {
@@ -188,7 +222,7 @@ class transformer_block {
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden, lh = local_heads_ * head_dim();
     const auto kept = [](std::size_t count) { return block_activations::storage(count, mem_category::activations); };
     block_activations a{kept(m * h),     kept(m),         kept(m),        kept(m * h),
-                        kept(n * 3 * lh), kept(attention().probs_size()), kept(n * lh),
+                        kept(n * 3 * lh), kept(c_.selective_recompute ? 0 : attention().probs_size()), kept(n * lh),
                         kept(m * h),     kept(m),         kept(m),        kept(m * h),
                         kept(n * fc1_.local_out_features()), kept(n * fc1_.local_out_features()), {}, {}};
     if (c_.sequence_parallel) {
@@ -225,7 +259,7 @@ class transformer_block {
     };
     ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
     qkv_.forward(tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.span());
-    attention().forward(s.qkv.span(), s.attn.span(), s.probs.span());
+    attention().forward(s.qkv.span(), s.attn.span(), c_.selective_recompute ? workspace().probs.span() : s.probs.span());
     row(proj_, s.attn.span(), w.proj_weight, w.proj_bias, s.mid.span());
     for (std::size_t i = 0; i < m * h; ++i) s.mid[i] += x[i];
     ln.forward(m, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
@@ -262,7 +296,7 @@ class transformer_block {
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
     std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(n * h);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
-    attention().backward(s.qkv.span(), s.probs.span(), d_attn, d_qkv);
+    attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
     qkv_.backward(tp, n, s.ln1_out.span(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
     ln.backward(n, s.x.span(), w.ln1_weight, s.ln1_mean.span(), s.ln1_rstd.span(), d_ln1, dx, g.ln1_weight, g.ln1_bias);
     for (std::size_t i = 0; i < n * h; ++i) dx[i] += d_mid[i];
@@ -317,7 +351,7 @@ class transformer_block {
     std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(m * h);
     reduce_scatter_to_sequence::backward(tp, d_mid, full);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
-    attention().backward(s.qkv.span(), s.probs.span(), d_attn, d_qkv);
+    attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
     gather_from_sequence::forward(tp, s.ln1_out.span(), gathered);
     qkv_.backward_to_sequence(tp, n, gathered, w.qkv_weight, d_qkv, partial, d_ln1, g.qkv_weight, g.qkv_bias);
     ln.backward(m, s.x.span(), w.ln1_weight, s.ln1_mean.span(), s.ln1_rstd.span(), d_ln1, dx, n1w, n1b);
@@ -329,8 +363,25 @@ class transformer_block {
       for (std::size_t j = 0; j < h; ++j) targets[k][j] += norms[k * h + j];
   }
   nn::causal_attention attention() const { return {c_.seq, c_.batch, local_heads_, head_dim()}; }
+  // The attention probabilities backward needs: the kept ones, or (selective recomputation)
+  // the forward's again, from the kept q, k, v: the same arithmetic, so the same values.
+  std::span<const float> probabilities(const block_activations& s) const {
+    if (!c_.selective_recompute) return s.probs.span();
+    auto& ws = workspace();
+    attention().forward(s.qkv.span(), ws.out.span(), ws.probs.span());
+    return ws.probs.span();
+  }
+  // Selective recomputation's workspace, made at first use (charged to the ledger as
+  // activations) unless shared from another block first.
+  attention_workspace& workspace() const {
+    if (!attention_ws_)
+      attention_ws_ = std::make_shared<attention_workspace>(
+          attention_workspace{buffer<float, host_space>(attention().probs_size(), mem_category::activations),
+                              buffer<float, host_space>(rows() * local_heads_ * head_dim(), mem_category::activations)});
+    return *attention_ws_;
+  }
   void check_activations(const block_activations& s) const {
-    TRIDENT_EXPECT(s.probs.size() == attention().probs_size() && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
+    TRIDENT_EXPECT(s.probs.size() == (c_.selective_recompute ? 0 : attention().probs_size()) && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
                        s.fc1_out.size() == rows() * fc1_.local_out_features() && s.x.size() == local_rows() * c_.hidden &&
                        s.gathered.size() == (c_.sequence_parallel ? rows() * c_.hidden : 0),
                    name_, ": the saved activations are not this block's; expected make_activations() of the same block");
@@ -345,6 +396,7 @@ class transformer_block {
   column_parallel_linear fc1_;
   row_parallel_linear fc2_;
   std::size_t local_heads_ = 0;
+  mutable std::shared_ptr<attention_workspace> attention_ws_;  // selective recomputation only; workspace()
 };
 
 }  // namespace trident::tensor
