@@ -121,6 +121,7 @@ struct trident_config {
   int tensor_parallel = 1, pipeline_parallel = 1, virtual_stages = 1;
   std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb-h1, zb-h2
   bool sequence_parallel = false;
+  std::string recompute = "none";  // none, selective, full (activation recomputation)
   model_config model;
   std::string train_data, val_data;
   std::int64_t steps = 100;
@@ -235,7 +236,7 @@ inline const std::vector<key_section>& known_keys() {
        {},
        {}},
       {"trident",
-       {"tensor_parallel", "pipeline_parallel", "virtual_stages", "schedule", "sequence_parallel", "model",
+       {"tensor_parallel", "pipeline_parallel", "virtual_stages", "schedule", "sequence_parallel", "recompute", "model",
         "train_data", "val_data", "steps", "eval_every", "eval_batches", "seed", "loss_csv", "loss_svg", "trace"},
        {},
        {},
@@ -456,6 +457,11 @@ inline void parse_trident(const json& j, trident_config& t, std::vector<std::str
   read_if(s, "trident", "virtual_stages", t.virtual_stages, positive_int("an integer >= 1"));
   if (const json* v = find(s, "schedule")) t.schedule = get_string(*v, "trident.schedule");
   read_if(s, "trident", "sequence_parallel", t.sequence_parallel, get_bool);
+  if (const json* v = find(s, "recompute")) {
+    t.recompute = get_string(*v, "trident.recompute");
+    TRIDENT_EXPECT(t.recompute == "none" || t.recompute == "selective" || t.recompute == "full", "trident.recompute: '", t.recompute,
+                   "'; expected \"none\", \"selective\" or \"full\"");
+  }
   if (const json* m = find(s, "model")) {
     const json& model = expect_object(*m, "trident.model");
     check_keys(model, "trident.model", section("trident.model"), ignored);

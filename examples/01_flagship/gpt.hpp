@@ -62,6 +62,7 @@
 #include "trident/model/init.hpp"
 #include "trident/model/sharding.hpp"
 #include "trident/nn/norm.hpp"
+#include "trident/nn/recompute.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/tensor/block.hpp"
 #include "trident/parallel/tensor/linear.hpp"
@@ -75,6 +76,21 @@ namespace tensor = trident::tensor;
 namespace zero = trident::zero;
 
 //! The model's dimensions.
+//! What the blocks keep from forward for backward (issue 14): everything; everything but the
+//! attention probabilities, recomputed in backward (selective: Korthikanti et al.); or only
+//! each block's input, its forward run again in backward (full: nn::checkpointed). Training is
+//! bitwise the same in all three.
+enum class recompute_mode { none, selective, full };
+inline const char* name_of(recompute_mode r) {
+  return r == recompute_mode::none ? "none" : r == recompute_mode::selective ? "selective" : "full";
+}
+inline recompute_mode parse_recompute(const std::string& s) {
+  if (s == "none") return recompute_mode::none;
+  if (s == "selective") return recompute_mode::selective;
+  if (s == "full") return recompute_mode::full;
+  throw trident::usage_error("recompute '" + s + "': expected none, selective or full");
+}
+
 struct gpt_config {
   std::size_t vocab = 256;
   std::size_t seq = 64;
@@ -84,6 +100,7 @@ struct gpt_config {
   std::size_t ffn = 0;  // 0: 4 x hidden
   bool sequence_parallel = false;
   float eps = 1e-5f;
+  recompute_mode recompute = recompute_mode::none;
 
   std::size_t ffn_size() const noexcept { return ffn == 0 ? 4 * hidden : ffn; }
   //! Parameters of one block.
@@ -234,7 +251,7 @@ class gpt_rank final : public chunk_runner {
       : world_(&grid.world()), tp_(&grid.tensor()), pipe_(&grid.pipeline()), c_(validated(c, grid, chunks)), chunks_(chunks),
         p_(grid.pipeline().size()), prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
-                   .sequence_parallel = c.sequence_parallel},
+                   .sequence_parallel = c.sequence_parallel, .selective_recompute = c.recompute == recompute_mode::selective},
         wte_(grid.tensor(), c.vocab, c.hidden, "wte"), head_(grid.tensor(), c.hidden, c.vocab, "lm_head"),
         ce_(grid.tensor(), c.vocab, "lm_head") {
     TRIDENT_EXPECT(micro_batches >= 1 && batch >= 1, "gpt_rank: ", micro_batches, " micro-batches of ", batch,
@@ -268,6 +285,13 @@ class gpt_rank final : public chunk_runner {
       ch.first_block_layer = layer;
       for (int l = k * per_chunk; l < (k + 1) * per_chunk; ++l) {
         ch.blocks.emplace_back(grid.tensor(), block_cfg_, "h" + std::to_string(l));
+        // One recomputation workspace for all of this rank's blocks: they run one at a time.
+        if (c_.recompute == recompute_mode::selective && (!chunks_mine_.empty() || ch.blocks.size() > 1))
+          ch.blocks.back().share_attention_workspace(chunks_mine_.empty() ? ch.blocks.front() : chunks_mine_.front().blocks.front());
+        if (c_.recompute == recompute_mode::full) {
+          if (!checkpoint_ws_) checkpoint_ws_ = checkpointed_block::make_workspace(ch.blocks.back());
+          ch.checkpointed.emplace_back(ch.blocks.back(), checkpoint_ws_);
+        }
         for (const auto& p : ch.blocks.back().parameters()) add(find(p.name), layer);
         ++layer;
       }
@@ -349,7 +373,7 @@ class gpt_rank final : public chunk_runner {
   message forward(int k, const message& x, int mb) override {
     auto& ch = chunk_of(k);
     auto& saved = ch.saved[mb];
-    if (saved.blocks.empty()) saved = ch.take();
+    if (saved.blocks.empty() && saved.inputs.empty()) saved = ch.take();
     message cur(local_rows() * c_.hidden), next(cur.size());
     if (ch.emb_layer >= 0) embed(ch, mb, cur);
     else {
@@ -357,7 +381,8 @@ class gpt_rank final : public chunk_runner {
       std::copy(x.begin(), x.end(), cur.begin());
     }
     for (std::size_t l = 0; l < ch.blocks.size(); ++l) {
-      ch.blocks[l].forward(*tp_, weights(ch, l), cur, next, saved.blocks[l]);
+      if (ch.checkpointed.empty()) ch.blocks[l].forward(*tp_, weights(ch, l), cur, next, saved.blocks[l]);
+      else ch.checkpointed[l].forward(*tp_, weights(ch, l), cur, next, saved.inputs[l]);
       z_->release(ch.first_block_layer + static_cast<int>(l));
       std::swap(cur, next);
     }
@@ -382,7 +407,8 @@ class gpt_rank final : public chunk_runner {
     }
     for (std::size_t l = ch.blocks.size(); l-- > 0;) {
       const int layer = ch.first_block_layer + static_cast<int>(l);
-      ch.blocks[l].backward(*tp_, weights(ch, l), saved.blocks[l], g, dx, gradients(ch, l));
+      if (ch.checkpointed.empty()) ch.blocks[l].backward(*tp_, weights(ch, l), saved.blocks[l], g, dx, gradients(ch, l));
+      else ch.checkpointed[l].backward(*tp_, weights(ch, l), saved.inputs[l], g, dx, gradients(ch, l));
       commit();
       z_->release(layer);
       z_->grad_ready(layer);
@@ -493,8 +519,10 @@ class gpt_rank final : public chunk_runner {
   struct final_saved {
     trident::buffer<float, trident::host_space> x, out, mean, rstd, logits;
   };
+  using checkpointed_block = trident::nn::checkpointed<tensor::transformer_block>;
   struct saved_set {
-    std::vector<tensor::block_activations> blocks;
+    std::vector<tensor::block_activations> blocks;  // or, under full recomputation:
+    std::vector<checkpointed_block::activations> inputs;
     std::optional<final_saved> final;
   };
   struct chunk {
@@ -502,6 +530,7 @@ class gpt_rank final : public chunk_runner {
     int emb_layer = -1, first_block_layer = 0, final_layer = -1;
     int backwards = 0;
     std::vector<tensor::transformer_block> blocks;
+    std::vector<checkpointed_block> checkpointed;  // the blocks again, under full recomputation
     std::vector<trident::tensor_handle> handles;  // 12 per block
     std::map<int, saved_set> saved;
     std::vector<saved_set> pool;
@@ -514,7 +543,9 @@ class gpt_rank final : public chunk_runner {
         return s;
       }
       saved_set s;
-      for (const auto& b : blocks) s.blocks.push_back(b.make_activations());
+      if (checkpointed.empty())
+        for (const auto& b : blocks) s.blocks.push_back(b.make_activations());
+      for (const auto& b : checkpointed) s.inputs.push_back(b.make_activations());
       if (final_layer >= 0) {
         auto kept = [](std::size_t n) { return trident::buffer<float, trident::host_space>(n, trident::mem_category::activations); };
         s.final = final_saved{kept(final_rows * final_hidden), kept(final_rows * final_hidden), kept(final_rows),
@@ -746,6 +777,7 @@ class gpt_rank final : public chunk_runner {
   int chunks_, p_, prank_, m_;
   std::size_t batch_;
   tensor::block_config block_cfg_;
+  std::shared_ptr<checkpointed_block::workspace> checkpoint_ws_;  // full recomputation
   tensor::vocab_parallel_embedding wte_;
   tensor::column_parallel_linear head_;
   tensor::vocab_parallel_cross_entropy ce_;

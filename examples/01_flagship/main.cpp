@@ -63,6 +63,8 @@ constexpr const char* usage = R"(usage: flagship [options]
   --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
+  --recompute none|selective|full   activations kept for backward: all; all but attention's
+                         probabilities (recomputed); each block's input only (its forward rerun)
   --data PREFIX          shards PREFIX_train.bin and PREFIX_val.bin (default build/data/kjv,
                          made by: python3 scripts/prepare_data.py --out build/data)
   --eval-every N         validation loss every N steps (default 50; 0: never)
@@ -84,7 +86,7 @@ arguments collect(int argc, char** argv) {
   static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
                                                "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
                                                "--seed", "--precision", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
-                                               "--trace-step", "--out", "--save", "--save-every", "--keep"};
+                                               "--trace-step", "--out", "--save", "--save-every", "--keep", "--recompute"};
   arguments out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -163,7 +165,8 @@ void from_config(settings& s, const std::string& path, int world_size) {
   auto& o = s.train;
   const auto& t = c.trident;
   o.model = {.vocab = t.model.vocab_size, .seq = t.model.seq_len, .hidden = t.model.hidden, .heads = t.model.heads,
-             .layers = t.model.layers, .ffn = t.model.ffn, .sequence_parallel = t.sequence_parallel};
+             .layers = t.model.layers, .ffn = t.model.ffn, .sequence_parallel = t.sequence_parallel,
+             .recompute = flagship::parse_recompute(t.recompute)};
   o.tensor = t.tensor_parallel;
   o.pipeline = t.pipeline_parallel;
   o.virtual_stages = t.virtual_stages;
@@ -268,6 +271,7 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--heads") o.model.heads = static_cast<std::size_t>(integer(a, v));
     else if (a == "--seq") o.model.seq = static_cast<std::size_t>(integer(a, v));
     else if (a == "--sequence-parallel") o.model.sequence_parallel = true;
+    else if (a == "--recompute") o.model.recompute = flagship::parse_recompute(v);
     else if (a == "--data") {
       s.data = v;
       s.train_file.clear();
@@ -307,12 +311,14 @@ void run(Comm& world, const settings& s, double peak_flops) {
   const int d = world.size() / (o.tensor * o.pipeline);
   if (speaker)
     std::printf("trident %s flagship: GPT %zu layers, hidden %zu, %zu heads, seq %zu, vocab %zu = %.2fM parameters\n"
-                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s\n"
+                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s\n"
                 "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, warm-up %ld, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
                 static_cast<double>(o.model.parameters()) / 1e6, world.size(), s.backend == "mpi" ? "MPI" : "thread", d, o.tensor,
                 o.pipeline, o.model.sequence_parallel ? " + sequence parallel" : "", o.pipeline * o.virtual_stages,
-                o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, s.precision.c_str(), d * o.accumulation, o.micro_batch,
+                o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, s.precision.c_str(),
+                o.model.recompute == flagship::recompute_mode::none ? "" : ", recompute ",
+                o.model.recompute == flagship::recompute_mode::none ? "" : flagship::name_of(o.model.recompute), d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
                 static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {

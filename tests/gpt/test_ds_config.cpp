@@ -394,6 +394,8 @@ TEST_CASE("ds_config: wrong types and values name the key and what was expected"
       with("zero_optimization", {{"stage", 3}, {"prefetch_bucket_size", 1}, {"stage3_prefetch_bucket_size", 2}}),
       "are one setting");
   CHECK_MESSAGE_HAS(with("gradient_clipping", "1.0"), "gradient_clipping: expected a number >= 0");
+  CHECK_MESSAGE_HAS(with("trident", {{"recompute", "partial"}}), "trident.recompute: 'partial'; expected \"none\", \"selective\" or \"full\"");
+  CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"recompute", "selective"}}}}, 1).trident.recompute == "selective");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "Lamb"}}), "optimizer.type: trident supports \"Adam\" and \"AdamW\"");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "got \"OneBitAdam\"");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "Adam"}, {"params", {{"betas", {0.9}}}}}),

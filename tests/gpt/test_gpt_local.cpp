@@ -50,6 +50,30 @@ TEST_CASE("gpt: sequence parallelism, GPipe and interleaved virtual stages train
   local_world::run(4, [&](local_comm& world) { gpt_suite::equals_serial(world, o); });
 }
 
+TEST_CASE("gpt: selective and full recomputation train bitwise as keeping every activation (threads, (2, 2, 2), with and "
+          "without sequence parallelism)") {
+  auto o = gpt_suite::small_options();
+  o.tensor = 2;
+  o.pipeline = 2;
+  o.zero_stage = 1;
+  o.steps = 8;
+  for (const bool sp : {false, true}) {
+    o.model.sequence_parallel = sp;
+    o.model.recompute = flagship::recompute_mode::none;
+    const auto kept = local_world::run(8, [&](local_comm& world) { return flagship::train(world, o); });
+    for (const auto mode : {flagship::recompute_mode::selective, flagship::recompute_mode::full}) {
+      o.model.recompute = mode;
+      const auto again = local_world::run(8, [&](local_comm& world) { return flagship::train(world, o); });
+      for (std::size_t r = 0; r < kept.size(); ++r)
+        for (std::size_t s = 0; s < kept[r].size(); ++s) {
+          INFO("recompute ", std::string(flagship::name_of(mode)), std::string(sp ? ", sequence parallel" : ""), ", rank ", r, ", step ", s + 1);
+          CHECK(again[r][s].loss == kept[r][s].loss);  // bitwise
+          CHECK(again[r][s].grad_norm == kept[r][s].grad_norm);
+        }
+    }
+  }
+}
+
 TEST_CASE("gpt: a step's Chrome trace shows every rank's forward, backward, communication and ZeRO step (threads)") {
   auto o = gpt_suite::small_options();
   o.tensor = 2;
