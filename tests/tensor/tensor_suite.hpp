@@ -386,8 +386,7 @@ void activation_bytes(Comm& tp, bool sequence_parallel) {
 //! activations over the whole forward and backward) against the formulas of activation_bytes:
 //! per block, in floats, with K = the kept elements of one block (activation_bytes' formula)
 //!   none       layers x K
-//!   selective  layers x (K - as^2b/t)  + one workspace: as^2b/t + sbh/t (the recomputed
-//!              probabilities and attention output)
+//!   selective  layers x (K - as^2b/t)  + one workspace: as^2b/t (the recomputed probabilities)
 //!   full       layers x sbh/t'         + one workspace: K + sbh/t' (a block's activations and
 //!              output), where t' = t with sequence parallelism, else 1
 //! with s, b, h, a, t as in activation_bytes.
@@ -492,9 +491,9 @@ void recompute_equals_plain(Comm& tp, bool sequence_parallel) {
     CHECK(r.dx == plain.dx);
     CHECK(r.grads == plain.grads);
     double floats = 0;
-    if (mode == recompute::selective) floats = layers * (kept - as2b / t) + as2b / t + sbh / t;
+    if (mode == recompute::selective) floats = layers * (kept - as2b / t) + as2b / t;
     else if (mode == recompute::full) floats = layers * input + kept + input;
-    else floats = layers * input + (kept - as2b / t) + input + as2b / t + sbh / t;
+    else floats = layers * input + (kept - as2b / t) + input + as2b / t;
     const std::string report = where + ", " + std::to_string(layers) + " blocks, activation bytes at peak: " +
                                std::to_string(r.peak_activation_bytes) + " (formula " + std::to_string(static_cast<long>(4 * floats)) +
                                "), keeping everything " + std::to_string(plain.peak_activation_bytes);

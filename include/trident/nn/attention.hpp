@@ -3,6 +3,8 @@
 // Synopsis
 //   struct causal_attention { std::size_t seq, batch, heads, head_dim;
 //     void forward(qkv, out, probs) const       out = softmax(q k^T / sqrt(head_dim), causal) v
+//     void probabilities(qkv, probs) const      the softmax alone, as forward makes it (selective
+//                                               recomputation reruns it in backward)
 //     void backward(qkv, probs, dout, dqkv) const }
 //
 // Layouts are sequence-major, as Megatron-LM's: qkv [seq, batch, heads, 3, head_dim] (each
@@ -46,6 +48,24 @@ struct causal_attention {
 
   void forward(std::span<const float> qkv, std::span<float> out, std::span<float> probs) const {
     check("causal_attention::forward", qkv.size(), out.size(), probs.size());
+    probabilities(qkv, probs);
+    for (std::size_t b = 0; b < batch; ++b)
+      for (std::size_t h = 0; h < heads; ++h) {
+        const float* p = probs.data() + (b * heads + h) * seq * seq;
+        for (std::size_t i = 0; i < seq; ++i) {
+          float* o = out.data() + ((i * batch + b) * heads + h) * head_dim;
+          for (std::size_t d = 0; d < head_dim; ++d) {
+            double acc = 0;
+            for (std::size_t j = 0; j <= i; ++j) acc += static_cast<double>(p[i * seq + j]) * qkv[at(j, b, h, 2) + d];
+            o[d] = static_cast<float>(acc);
+          }
+        }
+      }
+  }
+
+  //! probs [batch, heads, seq, seq] from qkv: forward's softmax, bit for bit (forward calls it).
+  void probabilities(std::span<const float> qkv, std::span<float> probs) const {
+    check("causal_attention::probabilities", qkv.size(), out_size(), probs.size());
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
     std::vector<double> score(seq);
     for (std::size_t b = 0; b < batch; ++b)
@@ -64,12 +84,6 @@ struct causal_attention {
           double sum = 0;
           for (std::size_t j = 0; j <= i; ++j) sum += std::exp(score[j] - max);
           for (std::size_t j = 0; j < seq; ++j) p[i * seq + j] = j <= i ? static_cast<float>(std::exp(score[j] - max) / sum) : 0.0f;
-          float* o = out.data() + ((i * batch + b) * heads + h) * head_dim;
-          for (std::size_t d = 0; d < head_dim; ++d) {
-            double acc = 0;
-            for (std::size_t j = 0; j <= i; ++j) acc += static_cast<double>(p[i * seq + j]) * qkv[at(j, b, h, 2) + d];
-            o[d] = static_cast<float>(acc);
-          }
         }
       }
   }

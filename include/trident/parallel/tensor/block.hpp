@@ -125,10 +125,10 @@ struct block_activations {
   storage gathered, partial;
 };
 
-//! Where selective recomputation puts the attention probabilities (and the attention's output,
-//! recomputed beside them and dropped): one per stack of blocks that share it.
+//! Where selective recomputation puts the attention probabilities it recomputes: one per stack
+//! of blocks that share it.
 struct attention_workspace {
-  buffer<float, host_space> probs, out;
+  buffer<float, host_space> probs;
 };
 
 class transformer_block {
@@ -368,7 +368,7 @@ class transformer_block {
   std::span<const float> probabilities(const block_activations& s) const {
     if (!c_.selective_recompute) return s.probs.span();
     auto& ws = workspace();
-    attention().forward(s.qkv.span(), ws.out.span(), ws.probs.span());
+    attention().probabilities(s.qkv.span(), ws.probs.span());
     return ws.probs.span();
   }
   // Selective recomputation's workspace, made at first use (charged to the ledger as
@@ -376,8 +376,7 @@ class transformer_block {
   attention_workspace& workspace() const {
     if (!attention_ws_)
       attention_ws_ = std::make_shared<attention_workspace>(
-          attention_workspace{buffer<float, host_space>(attention().probs_size(), mem_category::activations),
-                              buffer<float, host_space>(rows() * local_heads_ * head_dim(), mem_category::activations)});
+          attention_workspace{buffer<float, host_space>(attention().probs_size(), mem_category::activations)});
     return *attention_ws_;
   }
   void check_activations(const block_activations& s) const {
