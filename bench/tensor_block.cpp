@@ -36,36 +36,57 @@ std::vector<float> filled(std::size_t n, std::uint64_t seed, float scale) {
   return v;
 }
 
-// Median milliseconds of one forward + backward, measured on rank 0 between barriers.
-double step_ms(int t, const trident::tensor::block_config& c, bool overlap, int repeats) {
-  std::vector<double> times;
-  trident::local_world::run(t, [&](trident::local_comm& tp) {
-    trident::tensor::transformer_block block(tp, c, "b");
-    std::vector<std::vector<float>> w, g;
+// A block's weights, gradients, input and output gradient (the same on every run), and where
+// its output and input gradient go.
+struct block_data {
+  std::vector<std::vector<float>> w, g;
+  std::vector<float> x, dy, y, dx;
+  block_data(const trident::tensor::transformer_block& block, std::size_t hidden) {
     std::uint64_t seed = 1;
     for (const auto& p : block.parameters()) {
       w.push_back(filled(p.split.local_numel(), ++seed, 0.1f));
       g.emplace_back(p.split.local_numel(), 0.0f);
     }
+    const std::size_t n = block.rows() * hidden;
+    x = filled(n, 100, 1.0f);
+    dy = filled(n, 101, 1.0f);
+    y.resize(n);
+    dx.resize(n);
+  }
+  // repeats + 1 forward + backward steps of `layer` (a block, or a checkpointed one), the first
+  // a warm-up; rank 0's times between barriers go to `times`.
+  template <class Layer, class Saved>
+  void time(trident::local_comm& tp, const Layer& layer, Saved& saved, int repeats, std::vector<double>& times) {
     const auto weights = trident::tensor::block_tensors<const float>::over(w);
     const auto grads = trident::tensor::block_tensors<float>::over(g);
-    const std::size_t n = block.rows() * c.hidden;
-    const auto x = filled(n, 100, 1.0f), dy = filled(n, 101, 1.0f);
-    std::vector<float> y(n), dx(n);
-    auto saved = block.make_activations();
-    block.set_overlap(overlap);
-    for (int r = 0; r < repeats + 1; ++r) {  // the first is a warm-up
+    for (int r = 0; r < repeats + 1; ++r) {
       tp.barrier();
       const auto start = std::chrono::steady_clock::now();
-      block.forward(tp, weights, x, y, saved);
-      block.backward(tp, weights, saved, dy, dx, grads);
+      layer.forward(tp, weights, x, y, saved);
+      layer.backward(tp, weights, saved, dy, dx, grads);
       tp.barrier();
       const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
       if (tp.rank() == 0 && r > 0) times.push_back(took.count());
     }
-  });
+  }
+};
+
+double median(std::vector<double> times) {
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// Median milliseconds of one forward + backward, measured on rank 0 between barriers.
+double step_ms(int t, const trident::tensor::block_config& c, bool overlap, int repeats) {
+  std::vector<double> times;
+  trident::local_world::run(t, [&](trident::local_comm& tp) {
+    trident::tensor::transformer_block block(tp, c, "b");
+    block_data data(block, c.hidden);
+    auto saved = block.make_activations();
+    block.set_overlap(overlap);
+    data.time(tp, block, saved, repeats, times);
+  });
+  return median(times);
 }
 
 enum class recompute { none, selective, full };
@@ -84,44 +105,22 @@ recompute_figures recompute_step(int t, trident::tensor::block_config c, recompu
     const auto ledger = trident::current_ledger();
     auto held = [&] { return ledger->bytes(trident::space_kind::host, trident::mem_category::activations); };
     trident::tensor::transformer_block block(tp, c, "b");
-    std::vector<std::vector<float>> w, g;
-    std::uint64_t seed = 1;
-    for (const auto& p : block.parameters()) {
-      w.push_back(filled(p.split.local_numel(), ++seed, 0.1f));
-      g.emplace_back(p.split.local_numel(), 0.0f);
-    }
-    const auto weights = trident::tensor::block_tensors<const float>::over(w);
-    const auto grads = trident::tensor::block_tensors<float>::over(g);
-    const std::size_t n = block.rows() * c.hidden;
-    const auto x = filled(n, 100, 1.0f), dy = filled(n, 101, 1.0f);
-    std::vector<float> y(n), dx(n);
-    auto measure = [&](auto&& layer, auto& saved) {
-      for (int r = 0; r < repeats + 1; ++r) {  // the first is a warm-up
-        tp.barrier();
-        const auto start = std::chrono::steady_clock::now();
-        layer.forward(tp, weights, x, y, saved);
-        layer.backward(tp, weights, saved, dy, dx, grads);
-        tp.barrier();
-        const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-        if (tp.rank() == 0 && r > 0) times.push_back(took.count());
-      }
-    };
+    block_data data(block, c.hidden);
     const std::size_t start = held();
     if (mode == recompute::full) {
       const ckpt layer(block);
       const std::size_t after_workspace = held();
       auto saved = layer.make_activations();
       if (tp.rank() == 0) out = {0, held() - after_workspace, after_workspace - start};
-      measure(layer, saved);
+      data.time(tp, layer, saved, repeats, times);
     } else {
       auto saved = block.make_activations();
       const std::size_t kept = held() - start;
-      measure(block, saved);  // the selective workspace is made at the first forward
+      data.time(tp, block, saved, repeats, times);  // the selective workspace is made at the first forward
       if (tp.rank() == 0) out = {0, kept, held() - start - kept};
     }
   });
-  std::sort(times.begin(), times.end());
-  out.ms = times[times.size() / 2];
+  out.ms = median(times);
   return out;
 }
 

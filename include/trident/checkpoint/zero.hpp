@@ -49,7 +49,8 @@
 // Asynchronous: a background thread copies this rank's pieces to host memory (the optimizer's
 // next update waits for that copy: the only stall) and writes them. A synchronous save writes
 // straight from the optimizer's host memory. Either way each file's xxh64 is computed as it is
-// written, and a load checks it as it reads (every file is passed over once). The ranks then coordinate through the directory, not the
+// written, and a load checks it as it reads (every file is passed over once). The ranks then
+// coordinate through the directory, not the
 // communicator (which the training thread is using): each rank leaves "rank_N.done" (its
 // file's xxh64) or "rank_N.failed" beside its file, and rank 0 waits for all of them (up to
 // save_options::timeout) before it writes the manifest. A rank that dies mid-save leaves no
@@ -351,19 +352,7 @@ void agreed(Comm& comm, std::string_view what, Work work) {
 
 }  // namespace detail
 
-//! Whether `dir` is a complete checkpoint whose files match its MANIFEST (size and xxh64).
-//! Throws trident::error naming the first problem.
 namespace detail {
-// One file of a checkpoint against its MANIFEST line.
-inline void check_file(const std::filesystem::path& dir, const std::string& file, std::uint64_t hash) {
-  const auto p = dir / file;
-  if (!std::filesystem::is_regular_file(p)) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is missing"));
-  const std::uint64_t got = file_xxh64(p);
-  if (got != hash)
-    throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", file, " is corrupt (xxh64 ", hex64(got),
-                                    ", the manifest says ", hex64(hash), ")"));
-}
-
 // Bytes a load reads from a file straight into memory that is its destination.
 struct direct_read {
   std::uint64_t offset;  // in the file
@@ -442,8 +431,10 @@ inline int file_checker(const std::string& file, int world) {
 }
 }  // namespace detail
 
+//! Whether `dir` is a complete checkpoint whose files match its MANIFEST (size and xxh64).
+//! Throws trident::error naming the first problem.
 inline void verify(const std::filesystem::path& dir) {
-  for (const auto& [file, hash] : detail::read_manifest(dir)) detail::check_file(dir, file, hash);
+  for (const auto& [file, hash] : detail::read_manifest(dir)) detail::check_and_read(dir, file, hash, {});
 }
 
 //! The checkpoints under root (step_N directories with a MANIFEST; not verified), newest first.
@@ -472,7 +463,8 @@ struct rank_snapshot {
   // key, type, data, bytes: where `take` reads a piece from (the optimizer's memory), then
   // (after copy_pieces, unless in place) where it is written from.
   std::vector<std::tuple<std::string, dtype, const std::byte*, std::size_t>> pieces;
-  bool in_place = false, from_host = true;
+  bool copied = false;     // the pieces point at what is written (in place, or copy_pieces ran)
+  bool from_host = true;
   std::map<std::string, std::string> metadata;
   std::string index;  // rank 0: index.json
 };
@@ -564,7 +556,7 @@ rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, 
                             std::vector<std::byte> reuse, bool in_place) {
   rank_snapshot snap;
   snap.host = std::move(reuse);
-  snap.in_place = in_place;
+  snap.copied = in_place;
   snap.from_host = Zero::space::host_accessible;
   const auto fields = zero.state_fields();
   const auto& layout = zero.layout();
@@ -605,9 +597,9 @@ rank_snapshot take_snapshot(Zero& zero, int rank, int world, std::int64_t step, 
   return snap;
 }
 
-// The copy of a snapshot's pieces into its own memory (nothing when in place).
+// The copy of a snapshot's pieces into its own memory (once; nothing when in place).
 inline void copy_pieces(rank_snapshot& snap) {
-  if (snap.in_place) return;
+  if (snap.copied) return;
   std::size_t total = 0;
   for (const auto& p : snap.pieces) total += std::get<3>(p);
   snap.host.resize(total);
@@ -617,6 +609,7 @@ inline void copy_pieces(rank_snapshot& snap) {
     data = snap.host.data() + used;
     used += bytes;
   }
+  snap.copied = true;
 }
 
 // index.json's "tensors": every tensor's global shape, split and pieces, from what every rank
