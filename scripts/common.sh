@@ -38,7 +38,10 @@ trident_find_cuda() {
 trident_configure() {
   trident_find_cuda
   echo "== configuring in $TRIDENT_BUILD"
-  cmake -S "$TRIDENT_ROOT" -B "$TRIDENT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+  # -g1 (line tables: backtraces and profiles keep file and line) instead of -g's full debug
+  # information: a quarter less compile time on the template-heavy translation units.
+  cmake -S "$TRIDENT_ROOT" -B "$TRIDENT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "$@"
 }
 
 trident_build() {
