@@ -9,7 +9,7 @@ TRIDENT_JOBS=${TRIDENT_JOBS:-$(nproc)}
 # Debian packages the build, the tests, the benchmarks and the examples use.
 trident_packages=(cmake ninja-build g++ git pkg-config python3 python3-venv
                   doctest-dev libfmt-dev libbenchmark-dev libopenmpi-dev openmpi-bin libopenblas-dev nlohmann-json3-dev
-                  libxxhash-dev)
+                  libxxhash-dev liburing-dev)
 
 trident_install_packages() {
   local missing=() p

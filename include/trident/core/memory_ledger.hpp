@@ -1,7 +1,7 @@
 // trident/core/memory_ledger.hpp — who holds how many bytes, per memory space and category.
 //
 // Synopsis
-//   enum class space_kind   { host, pinned_host, cuda };
+//   enum class space_kind   { host, pinned_host, cuda, nvme };
 //   enum class mem_category { parameters, gradients, optimizer_state, activations, communication, other };
 //   class memory_ledger;                       thread-safe counters: bytes now, peak, live allocations,
 //                                              allocations ever made per space
@@ -29,9 +29,10 @@
 
 namespace trident {
 
-//! Where bytes live, for accounting. Each memory space declares the kind it charges.
-enum class space_kind : std::uint8_t { host, pinned_host, cuda };
-inline constexpr std::size_t space_kind_count = 3;
+//! Where bytes live, for accounting. Each memory space declares the kind it charges; `nvme` is
+//! files on a disk (offload/nvme.hpp: the optimizer state it keeps there).
+enum class space_kind : std::uint8_t { host, pinned_host, cuda, nvme };
+inline constexpr std::size_t space_kind_count = 4;
 
 //! What bytes are for. The ZeRO memory formulas are stated in the first three.
 enum class mem_category : std::uint8_t { parameters, gradients, optimizer_state, activations, communication, other };
@@ -42,6 +43,7 @@ constexpr std::string_view name_of(space_kind s) noexcept {
     case space_kind::host: return "host";
     case space_kind::pinned_host: return "pinned";
     case space_kind::cuda: return "cuda";
+    case space_kind::nvme: return "nvme";
   }
   return "unknown";
 }

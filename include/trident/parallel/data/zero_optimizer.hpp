@@ -136,6 +136,7 @@
 #include "trident/exec/trace.hpp"
 #include "trident/optim/optimizers.hpp"
 #include "trident/model/flat_layout.hpp"
+#include "trident/offload/store.hpp"
 #include "trident/precision/mixed_precision.hpp"
 #include "trident/parallel/data/stage.hpp"
 
@@ -217,6 +218,14 @@ struct zero_options {
   //! Receives what failed in the destructor, which cannot throw (see the top of this header);
   //! empty: one line on stderr.
   std::function<void(const std::string&)> on_destructor_error;
+  //! Where the fp32 master weights and optimizer states live (stages 1-3): empty = the
+  //! optimizer's memory space; offload::host() = host memory (ZeRO-Offload);
+  //! offload::nvme(dir) = files (ZeRO-Infinity, offload/nvme.hpp). Each step then streams them
+  //! through the host optimizer piece by piece (a bucket's share), the next piece read while
+  //! the current one is updated; the result is the in-memory optimizer's, bit for bit.
+  //! Host-space optimizers (thread ranks, MPI) only, for now: a device optimizer's offload
+  //! (gradients down, parameters up over PCIe) waits for a GPU to be tested on.
+  std::shared_ptr<const offload::placement> offload;
 };
 
 //! What step() did.
@@ -281,9 +290,13 @@ class zero_optimizer {
     const std::size_t full = layout_.full_size(), shard = layout_.shard_size();
     if constexpr (!policy::shards_parameters) working_ = zeroed<half_type>(full, mem_category::parameters);
     else working_ = zeroed<half_type>(shard, mem_category::parameters);
-    if constexpr (has_master) master_ = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::parameters);
     grads_ = zeroed<half_type>(!policy::shards_gradients ? full : shard, mem_category::gradients);
-    for (auto& s : states_) s = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::optimizer_state);
+    if (offloaded()) {
+      make_store();
+    } else {
+      if constexpr (has_master) master_ = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::parameters);
+      for (auto& s : states_) s = zeroed<float>(!policy::shards_optimizer_state ? full : shard, mem_category::optimizer_state);
+    }
     // step()'s all-gather of every rank's report, charged to the ledger current now.
     reports_ = buffer<double, space>(report_fields * static_cast<std::size_t>(dp.size()), mem_category::communication);
     // The gradient statistics of step(): a slot per counted range of this rank's pieces (one
@@ -361,7 +374,15 @@ class zero_optimizer {
     if (lo < hi) {
       const std::size_t local = layout_.buckets()[p.bucket].shard_begin + (lo - begin);
       if constexpr (policy::shards_parameters) upload(working_, local, halves.data() + (lo - p.offset), hi - lo);
-      if constexpr (has_master && policy::shards_optimizer_state) upload(master_, local, values.data() + (lo - p.offset), hi - lo);
+      if constexpr (has_master && policy::shards_optimizer_state) {
+        if (offloaded()) {
+          with_piece(p.bucket, true, [&](float* const* f) {
+            std::copy(values.data() + (lo - p.offset), values.data() + (hi - p.offset), f[0] + (local - layout_.buckets()[p.bucket].shard_begin));
+          });
+        } else {
+          upload(master_, local, values.data() + (lo - p.offset), hi - lo);
+        }
+      }
     }
     invalidate_gathered();
   }
@@ -387,7 +408,13 @@ class zero_optimizer {
         const std::size_t piece = layout_.piece_size(b);
         const std::size_t at = has_master || policy::shards_parameters ? k.shard_begin : layout_.piece_begin(b, rank_);
         buffer<float, space> whole(k.size, mem_category::other);
-        comm_->all_gather(space_span<const float, space>(master_or_working_buffer().data() + at, piece), whole);
+        if (has_master && offloaded()) {
+          buffer<float, space> mine(piece, mem_category::other);
+          with_piece(b, false, [&](float* const* f) { copy_within(mine.data(), f[0], piece); });
+          comm_->all_gather(space_span<const float, space>(mine.data(), piece), whole);
+        } else {
+          comm_->all_gather(space_span<const float, space>(master_or_working_buffer().data() + at, piece), whole);
+        }
         comm_->synchronize();
         const auto host = to_vector(whole);
         std::copy(host.begin(), host.end(), full.begin() + static_cast<std::ptrdiff_t>(k.begin));
@@ -496,6 +523,7 @@ class zero_optimizer {
   step_result step() {
     const trace_span span("optimizer", "ZeRO step");
     check_hyperparameters(step_count_ + 1, "step");
+    if (store_) store_->verify();  // a damaged file is an error before anything changes
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& k = layout_.buckets()[b];
       if (!launched_[b] && waiting_[b] != with_tensors_[b])
@@ -538,11 +566,15 @@ class zero_optimizer {
       if constexpr (!policy::shards_optimizer_state) {
         update(0, grads_.data(), 0, layout_.full_size(), multiplier, 0);
       } else {
-        for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-          const auto& k = layout_.buckets()[b];
-          const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
-          update(has_master ? k.shard_begin : working_at, grad_piece(b), k.shard_begin, layout_.piece_size(b), multiplier,
-                 working_at);
+        if (offloaded()) {
+          offloaded_update(multiplier);
+        } else {
+          for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+            const auto& k = layout_.buckets()[b];
+            const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
+            update(has_master ? k.shard_begin : working_at, grad_piece(b), k.shard_begin, layout_.piece_size(b), multiplier,
+                   working_at);
+          }
         }
         if constexpr (!policy::shards_parameters) {
           // Everyone's new parameters, bucket by bucket, in place.
@@ -594,9 +626,9 @@ class zero_optimizer {
     out.push_back({"parameters", dtype_of<half_type>, working_.data(), ranges(!policy::shards_parameters, false),
                    ranges(!policy::shards_parameters, true)});
     constexpr bool full_states = !policy::shards_optimizer_state;
-    if constexpr (has_master) out.push_back({"master", dtype::float32, master_.data(), ranges(full_states, false), ranges(full_states, true)});
+    if constexpr (has_master) out.push_back({"master", dtype::float32, field_data(0), ranges(full_states, false), ranges(full_states, true)});
     for (std::size_t i = 0; i < Opt::state_count; ++i)
-      out.push_back({detail::concat("state", i), dtype::float32, states_[i].data(), ranges(full_states, false),
+      out.push_back({detail::concat("state", i), dtype::float32, field_data(master_fields + i), ranges(full_states, false),
                      ranges(full_states, true)});
     return out;
   }
@@ -745,6 +777,101 @@ class zero_optimizer {
   template <class T>
   void upload(buffer<T, space>& dst, std::size_t at, const T* host, std::size_t n) {
     engine<space>::copy(*comm_, dst.data() + at, host, n * sizeof(T));
+  }
+
+  // ---- offload (offload/store.hpp) -------------------------------------------------------------
+
+  static constexpr std::size_t master_fields = has_master ? 1 : 0;  // the store's fields: [master,] states...
+
+  bool offloaded() const noexcept { return options_.offload && options_.offload->where() != offload::tier::memory; }
+
+  void make_store() {
+    TRIDENT_EXPECT(policy::shards_optimizer_state, "zero_optimizer: offload of the optimizer state to the ",
+                   offload::name_of(options_.offload->where()), " tier needs ZeRO stage 1, 2 or 3 (stage ", stage,
+                   " keeps every state on every rank)");
+    TRIDENT_EXPECT(space::host_accessible, "zero_optimizer: offload of the optimizer state to the ",
+                   offload::name_of(options_.offload->where()), " tier is built for host-space optimizers (thread ranks, "
+                   "MPI) only so far; with a ", space::name, " communicator keep zero_options::offload empty");
+    offload::store_request r;
+    if constexpr (has_master) r.fields.push_back(mem_category::parameters);
+    for (std::size_t s = 0; s < Opt::state_count; ++s) r.fields.push_back(mem_category::optimizer_state);
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) r.pieces.push_back({layout_.buckets()[b].shard_begin, layout_.piece_size(b)});
+    r.total = layout_.shard_size();
+    r.rank = rank_;
+    r.for_device = !space::host_accessible;
+    store_ = options_.offload->make(r);
+    pass_order_.resize(layout_.buckets().size());
+    for (std::size_t b = 0; b < pass_order_.size(); ++b) pass_order_[b] = b;
+  }
+
+  // Calls f(fields of bucket b's piece) outside a step: the whole copy handed out by
+  // state_fields() when there is one, else the store's piece (written back if `modified`).
+  template <class F>
+  void with_piece(std::size_t b, bool modified, F&& f) {
+    std::vector<float*> fields(master_fields + Opt::state_count);
+    const std::size_t at = layout_.buckets()[b].shard_begin;
+    if (!whole_.empty() || store_->resident(0) != nullptr) {
+      for (std::size_t i = 0; i < fields.size(); ++i) fields[i] = field_data(i) + at;
+      f(fields.data());
+      return;
+    }
+    const std::size_t order[] = {b};
+    store_->begin_pass(order);
+    float* const* piece = store_->acquire(b);
+    f(piece);
+    store_->release(b, modified);
+    store_->end_pass();
+  }
+
+  // Field i of the state, whole, in this optimizer's memory: in place, or, when the tier keeps
+  // it in files, a copy of every field read on first use and written back at the next step
+  // (state_fields() hands these to checkpoints, which read or fill them in place).
+  float* field_data(std::size_t i) {
+    if (!offloaded()) return i < master_fields ? master_or_working_buffer().data() : states_[i - master_fields].data();
+    if (float* p = store_->resident(i)) return p;
+    if (whole_.empty()) {
+      const std::size_t n = master_fields + Opt::state_count;
+      for (std::size_t j = 0; j < n; ++j)
+        whole_.emplace_back(layout_.shard_size(), j < master_fields ? mem_category::parameters : mem_category::optimizer_state);
+      store_->begin_pass(pass_order_);
+      for (std::size_t b : pass_order_) {
+        float* const* piece = store_->acquire(b);
+        const std::size_t at = layout_.buckets()[b].shard_begin, len = layout_.piece_size(b);
+        for (std::size_t j = 0; j < n; ++j) std::copy(piece[j], piece[j] + len, whole_[j].data() + at);
+        store_->release(b, false);
+      }
+      store_->end_pass();
+    }
+    return whole_[i].data();
+  }
+
+  // One pass over the store: bucket b's piece is updated while the store brings in the next
+  // and writes back the last. The arithmetic is update()'s.
+  void offloaded_update(float multiplier) {
+    const std::size_t n_fields = master_fields + Opt::state_count;
+    store_->begin_pass(pass_order_);
+    for (std::size_t b : pass_order_) {
+      const auto& k = layout_.buckets()[b];
+      const std::size_t len = layout_.piece_size(b);
+      const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
+      float* const* f = store_->acquire(b);
+      if (!whole_.empty())  // state_fields() handed out copies since the last step: they are the truth
+        for (std::size_t j = 0; j < n_fields; ++j) std::copy(whole_[j].data() + k.shard_begin, whole_[j].data() + k.shard_begin + len, f[j]);
+      std::array<float*, Opt::state_count> state;
+      for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = f[master_fields + s];
+      half_type* working = nullptr;
+      float* params;
+      if constexpr (has_master) {
+        params = f[0];
+        working = working_.data() + working_at;
+      } else {
+        params = working_.data() + working_at;
+      }
+      engine<space>::step(*comm_, opt_, params, grad_piece(b), state, len, step_count_, multiplier, working);
+      store_->release(b, true);
+    }
+    store_->end_pass();
+    whole_.clear();
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
@@ -1411,6 +1538,9 @@ class zero_optimizer {
   buffer<float, space> master_;       // fp32 master weights: full (stage 0) or shard; empty without mixed precision
   buffer<half_type, space> grads_;    // full (stages 0-1) or shard (stages 2-3)
   std::array<buffer<float, space>, Opt::state_count> states_;  // full (stage 0) or shard
+  std::unique_ptr<offload::state_store> store_;  // the master weights and states instead, when offloaded
+  std::vector<std::size_t> pass_order_;          // the buckets, in the order a step updates them
+  std::vector<buffer<float, host_space>> whole_;   // the state whole, while state_fields() has handed it out (nvme)
 
   // Readiness: per layer, marked in this micro-batch; per bucket, layers with tensors (those
   // that must be marked) and how many are still to come.
