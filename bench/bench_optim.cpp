@@ -23,6 +23,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -36,7 +37,12 @@ namespace {
 
 namespace detail = trident::optim::detail;
 
-constexpr std::size_t n = std::size_t{1} << 24;  // 16M parameters
+// 16M parameters, or TRIDENT_BENCH_OPTIM_N (bench/optim_vs_torch.sh's N: 64M for the offload
+// engine's figure, issue 14).
+const std::size_t n = [] {
+  const char* e = std::getenv("TRIDENT_BENCH_OPTIM_N");
+  return e != nullptr && *e != '\0' ? static_cast<std::size_t>(std::strtoull(e, nullptr, 10)) : std::size_t{1} << 24;
+}();
 
 struct arrays {
   std::vector<float> p = std::vector<float>(n, 0.5f);

@@ -8,8 +8,10 @@ bench/optim_vs_torch.sh prints from both.
 hyperparameters of bench/bench_optim.cpp, after 3 warm-up steps, and reports the median step.
 Bytes per parameter as bench_optim counts them: 28 for Adam/AdamW (read param, grad, exp_avg,
 exp_avg_sq; write param, exp_avg, exp_avg_sq), 20 for SGD with momentum. torch has no fused step
-that takes bf16 gradients into fp32 master weights and writes a bf16 working copy, so the bf16
-rows have no torch figure. `table` reads, in each ROUND_DIR, ours.json (Google Benchmark's JSON)
+that takes bf16 gradients into fp32 master weights and writes a bf16 working copy (the offload
+engine's step, issue 14), so its adamw_bf16 row is what a torch trainer runs for it: the bf16
+gradient converted into the fp32 .grad (copy_), the fused AdamW step, the bf16 working copy
+written (copy_); the other bf16 rows have no torch figure. `table` reads, in each ROUND_DIR, ours.json (Google Benchmark's JSON)
 and torch.json, and prints medians over the rounds.
 """
 import argparse
@@ -20,7 +22,7 @@ import statistics
 import sys
 import time
 
-BYTES = {"adamw_fp32": 28, "adam_fp32": 28, "sgd_momentum_fp32": 20}
+BYTES = {"adamw_fp32": 28, "adam_fp32": 28, "sgd_momentum_fp32": 20, "adamw_bf16": 28}
 
 
 def run(args):
@@ -48,6 +50,29 @@ def run(args):
         ms = statistics.median(times) * 1e3
         out["rows"][name] = {"ms": ms, "gbps": BYTES[name] * args.n / (ms * 1e-3) / 1e9}
         del opt, p
+    # The offload engine's step in torch: bf16 gradient in, fp32 master and states, bf16 copy out.
+    p = torch.nn.Parameter(torch.full((args.n,), 0.5))
+    p.grad = torch.zeros(args.n)
+    g16 = torch.full((args.n,), 0.01, dtype=torch.bfloat16)
+    w16 = torch.zeros(args.n, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+
+    def mixed_step():
+        p.grad.copy_(g16)
+        opt.step()
+        with torch.no_grad():
+            w16.copy_(p)
+
+    for _ in range(3):
+        mixed_step()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        mixed_step()
+        times.append(time.perf_counter() - start)
+    ms = statistics.median(times) * 1e3
+    out["rows"]["adamw_bf16"] = {"ms": ms, "gbps": BYTES["adamw_bf16"] * args.n / (ms * 1e-3) / 1e9}
+    out["n"] = args.n
     json.dump(out, sys.stdout)
     print()
 
@@ -84,7 +109,8 @@ def table(args):
     print(f"ours: trident host step, path {isa}, {int(first_ours['adamw_fp32'][3] or 0)} threads (thread_pool); "
           f"torch {first_torch['torch']} fused, capability {first_torch['capability']}, "
           f"{first_torch['threads']} threads; median of {len(rounds)} alternating rounds")
-    print(f"{'step (16M params)':<22}{'ours ms':>9}{'GB/s':>7}{'torch ms':>10}{'GB/s':>7}{'stream ms':>11}{'GB/s':>7}"
+    n = first_torch.get("n", 1 << 24)
+    print(f"{f'step ({n / 2**20:.0f}M params)':<22}{'ours ms':>9}{'GB/s':>7}{'torch ms':>10}{'GB/s':>7}{'stream ms':>11}{'GB/s':>7}"
           f"{'ours/stream':>13}{'torch/ours':>12}")
     streams = {"adamw_fp32": "stream_adam_fp32", "adam_fp32": "stream_adam_fp32", "adamw_bf16": "stream_adam_bf16",
                "adam_bf16": "stream_adam_bf16", "sgd_momentum_fp32": "stream_sgd_fp32",

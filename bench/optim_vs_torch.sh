@@ -5,6 +5,7 @@
 #
 #   bench/optim_vs_torch.sh                  # 5 rounds; TRIDENT_BUILD=build/main by default
 #   ROUNDS=5 MIN_TIME=2 bench/optim_vs_torch.sh
+#   N=67108864 bench/optim_vs_torch.sh        # 64M parameters (the offload engine's figure, issue 14)
 #
 # torch comes from PyPI into the virtual environment of scripts/reference/make_fixtures.sh
 # (build/tools/reference, or TRIDENT_REFERENCE_VENV), installed there if missing: the same pinned
@@ -18,6 +19,7 @@ venv="${TRIDENT_REFERENCE_VENV:-$root/build/tools/reference}"
 python="${PYTHON:-python3}"
 rounds="${ROUNDS:-5}"
 min_time="${MIN_TIME:-0.5}"
+n="${N:-16777216}"
 TORCH_VERSION=2.15.0  # as scripts/reference/make_fixtures.sh
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -40,10 +42,10 @@ echo "== $(date)   $(uname -n)   $(grep -m1 'model name' /proc/cpuinfo | cut -d:
 for ((r = 1; r <= rounds; ++r)); do
   mkdir -p "$work/$r"
   echo "round $r: load average before ours: $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$bench" --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$work/$r/ours.json" \
+  TRIDENT_BENCH_OPTIM_N=$n "$bench" --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$work/$r/ours.json" \
     --benchmark_out_format=json >/dev/null
   echo "round $r: load average before torch: $(cut -d' ' -f1-3 /proc/loadavg)"
-  OMP_NUM_THREADS=$threads "$venv/bin/python" -W ignore "$root/bench/optim_torch_cpu.py" run --threads "$threads" \
+  OMP_NUM_THREADS=$threads "$venv/bin/python" -W ignore "$root/bench/optim_torch_cpu.py" run --threads "$threads" --n "$n" \
     >"$work/$r/torch.json" 2>/dev/null
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -55,6 +55,8 @@
 
 #include "trident/data/token_shards.hpp"
 
+#include "trident/offload/nvme.hpp"
+#include "trident/offload/store.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/pipeline/partition.hpp"
 #include "trident/parallel/pipeline/pipeline.hpp"

@@ -21,3 +21,12 @@ if(TARGET trident::mpi AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   target_include_directories(test_offload_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
   target_compile_definitions(test_offload_mpi PRIVATE ${trident_offload_defs})
 endif()
+# docs/OFFLOAD.md's capacity table is what bench/offload_capacity.cpp prints from the formulas
+# that offload.local checks against the ledger.
+add_executable(test_offload_capacity_table "${PROJECT_SOURCE_DIR}/bench/offload_capacity.cpp")
+target_link_libraries(test_offload_capacity_table PRIVATE trident::trident)
+trident_strict_warnings(test_offload_capacity_table)
+add_test(NAME offload.capacity_table
+         COMMAND "${CMAKE_COMMAND}" -DTOOL=$<TARGET_FILE:test_offload_capacity_table> -DDOC=${PROJECT_SOURCE_DIR}/docs/OFFLOAD.md
+                 -P "${CMAKE_CURRENT_LIST_DIR}/capacity_table.cmake")
+set_tests_properties(offload.capacity_table PROPERTIES LABELS "offload")

@@ -267,6 +267,7 @@ class nvme_store final : public state_store {
 
   void begin_pass(std::span<const std::size_t> order) override {
     usable("begin_pass");
+    drain();  // a pass left open (an exception between begin_pass and end_pass) ends here
     for (std::size_t p : order) TRIDENT_EXPECT(p < pieces_.size(), "offload::nvme: piece ", p, " of ", pieces_.size());
     order_.assign(order.begin(), order.end());
     next_read_ = next_acquire_ = 0;
@@ -299,12 +300,10 @@ class nvme_store final : public state_store {
     read_ahead();
   }
 
+  //! Also ends a pass early (pieces never acquired are not written).
   void end_pass() override {
     usable("end_pass");
-    for (slot& s : slots_)
-      if (s.state == slot::writing || s.state == slot::reading) finish(s);
-    for (slot& s : slots_) s.state = slot::idle;
-    order_.clear();
+    drain();
   }
 
   float* resident(std::size_t) noexcept override { return nullptr; }
@@ -383,6 +382,14 @@ class nvme_store final : public state_store {
     s.piece = p;
     s.state = slot::reading;
     s.ticket = queue_->submit(false, fd_, s.data, record(p), offsets_[p]);
+  }
+
+  void drain() {
+    for (slot& s : slots_)
+      if (s.state == slot::writing || s.state == slot::reading) finish(s);
+    for (slot& s : slots_) s.state = slot::idle;
+    order_.clear();
+    next_read_ = next_acquire_ = 0;
   }
 
   // Keeps up to buffers - 1 reads ahead of the update.

@@ -523,7 +523,11 @@ class zero_optimizer {
   step_result step() {
     const trace_span span("optimizer", "ZeRO step");
     check_hyperparameters(step_count_ + 1, "step");
-    if (store_) store_->verify();  // a damaged file is an error before anything changes
+    if (store_) {
+      store_->verify();  // a damaged file is an error before anything changes
+      // The first pieces come in while the reductions finish and the step decides.
+      if (whole_.empty()) store_->begin_pass(pass_order_);
+    }
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
       const auto& k = layout_.buckets()[b];
       if (!launched_[b] && waiting_[b] != with_tensors_[b])
@@ -587,6 +591,8 @@ class zero_optimizer {
         }
       }
       invalidate_gathered();
+    } else if (store_) {
+      store_->end_pass();  // skipped: the pieces read ahead go back unchanged
     }
     zero_grad();
     last_gathered_.reset();  // each step's prefetching follows that step's order alone
@@ -849,7 +855,7 @@ class zero_optimizer {
   // and writes back the last. The arithmetic is update()'s.
   void offloaded_update(float multiplier) {
     const std::size_t n_fields = master_fields + Opt::state_count;
-    store_->begin_pass(pass_order_);
+    if (!whole_.empty()) store_->begin_pass(pass_order_);  // else step() began it
     for (std::size_t b : pass_order_) {
       const auto& k = layout_.buckets()[b];
       const std::size_t len = layout_.piece_size(b);
