@@ -78,6 +78,9 @@ for ranks in 4; do
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_nccl"
   [[ -x $build/tests/test_zero_misuse_nccl ]] && step "zero.misuse_nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_misuse_nccl"
+  # issue 14: a device optimizer's state offloaded to host memory and NVMe files, bitwise
+  [[ -x $build/tests/test_offload_nccl ]] && step "offload.nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_offload_nccl"
 done
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
@@ -85,6 +88,8 @@ done
 # ---- benchmarks: ours against the device's ceilings and against PyTorch, in the same run ------
 [[ -x $build/bench/bench_adamw_cuda ]] && step "bench fused AdamW vs copy" "grep -iE 'adamw|copy' | tail -3" -- \
   "$build/bench/bench_adamw_cuda"
+[[ -x $build/bench/offload_pcie ]] && step "bench offload: step vs max(update, PCIe)" "grep -E 'x max'" -- \
+  "$build/bench/offload_pcie"
 [[ -x $build/bench/bench_grad_stats_cuda ]] && step "bench grad stats: ours vs CUB" "grep -E 'ours / cub'" -- \
   "$build/bench/bench_grad_stats_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

@@ -30,3 +30,12 @@ add_test(NAME offload.capacity_table
          COMMAND "${CMAKE_COMMAND}" -DTOOL=$<TARGET_FILE:test_offload_capacity_table> -DDOC=${PROJECT_SOURCE_DIR}/docs/OFFLOAD.md
                  -P "${CMAKE_CURRENT_LIST_DIR}/capacity_table.cmake")
 set_tests_properties(offload.capacity_table PROPERTIES LABELS "offload")
+# A device optimizer's offload (gradients down, half parameters up through pinned memory) on 2
+# NCCL ranks sharing GPU 0; skips (77) without a device, like zero.nccl.
+if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi)
+  trident_add_test(offload.nccl SOURCES offload/test_offload_nccl.cu
+                   LIBRARIES trident::nccl trident::mpi ${trident_offload_io} MPI_RANKS 2 LABELS offload nccl gpu mpi TIMEOUT 600)
+  target_include_directories(test_offload_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+  target_compile_definitions(test_offload_nccl PRIVATE ${trident_offload_defs})
+  set_property(TEST offload.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+endif()

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "offload/offload_training.hpp"
@@ -125,6 +127,71 @@ TEST_CASE("offload: the ledger reports every tier as the formulas say") {
       CHECK(ledger->bytes(space_kind::host, mem_category::communication) >= slots * largest);
     });
   }
+  CHECK(dir.files() == 0);
+}
+
+// l2's state in host memory, l0's and l1's in files (small_buckets(): l2 has a bucket of its own,
+// with bf16 gradients l1 and l0 share one).
+static std::shared_ptr<const offload::placement> l2_on_host(const std::filesystem::path& dir) {
+  return offload::tiered([](std::string_view t) { return t.starts_with("l2.") ? offload::tier::host : offload::tier::nvme; },
+                         offload::host(), offload::nvme(dir));
+}
+
+TEST_CASE("offload: a tier per tensor (tiered) trains bitwise as in memory, and the ledger splits as the rule says") {
+  using trident::mem_category;
+  using trident::space_kind;
+  using precision = trident::mixed_precision<trident::bf16>;
+  scratch_dir dir("tiered");
+  auto check = [&]<int Stage>(std::integral_constant<int, Stage>) {
+    const auto memory = train<Stage, optim::adamw, precision>(2, adamw(), 6, zero_training::small_buckets());
+    INFO("ZeRO-", Stage);
+    CHECK(train<Stage, optim::adamw, precision>(2, adamw(), 6, with(l2_on_host(dir.path))) == memory);
+    // Everything on one tier through the rule is the same as that tier alone.
+    auto all_host = offload::tiered([](std::string_view) { return offload::tier::host; }, offload::host(), offload::nvme(dir.path));
+    CHECK(train<Stage, optim::adamw, precision>(2, adamw(), 6, with(all_host)) == memory);
+  };
+  check(std::integral_constant<int, 1>{});
+  check(std::integral_constant<int, 2>{});
+  check(std::integral_constant<int, 3>{});
+  CHECK(dir.files() == 0);
+
+  // The ledger: l2's master weights and two states (12 bytes per element of its piece) in host
+  // memory, the rest on disk.
+  local_world::run(2, [&](local_comm& comm) {
+    auto ledger = std::make_shared<trident::memory_ledger>("rank " + std::to_string(comm.rank()));
+    trident::scoped_ledger use{ledger};
+    zero::zero_optimizer<2, optim::adamw, local_comm, precision> z(comm, mlp::spec(mlp::dims{}), adamw(),
+                                                                   with(l2_on_host(dir.path)));
+    const std::size_t l2 = z.layout().find("l2.weight").bucket;
+    REQUIRE(z.layout().buckets().size() > 1);
+    std::size_t nvme_padded = 0;
+    for (std::size_t b = 0; b < z.layout().buckets().size(); ++b)
+      if (b != l2) nvme_padded += (z.layout().piece_size(b) * 4 + 4095) / 4096 * 4096;
+    INFO(ledger->report());
+    CHECK(ledger->bytes(space_kind::host, mem_category::optimizer_state) == 2 * 4 * z.layout().piece_size(l2));
+    CHECK(ledger->bytes(space_kind::nvme, mem_category::optimizer_state) == 2 * nvme_padded);
+    CHECK(ledger->bytes(space_kind::nvme, mem_category::parameters) == nvme_padded);
+  });
+  CHECK(dir.files() == 0);
+}
+
+TEST_CASE("offload: a tiered rule that splits a bucket or keeps a tensor in memory is a usage error naming it") {
+  scratch_dir dir("tiered-bad");
+  using Z = zero::zero_optimizer<2, optim::adamw, local_comm, trident::mixed_precision<trident::bf16>>;
+  local_world::run(2, [&](local_comm& comm) {
+    zero::zero_options one_bucket;  // 25 MB: the whole MLP in one bucket, l2 and the rest disagree
+    one_bucket.offload = l2_on_host(dir.path);
+    CHECK_THROWS_WITH_AS(Z(comm, mlp::spec(mlp::dims{}), adamw(), one_bucket),
+                         doctest::Contains("holds tensor 'l0.weight' (nvme) and tensor 'l2.weight' (host)"), trident::usage_error);
+    auto memory = offload::tiered([](std::string_view t) { return t == "l2.bias" ? offload::tier::memory : offload::tier::host; },
+                                  offload::host(), offload::nvme(dir.path));
+    CHECK_THROWS_WITH_AS(Z(comm, mlp::spec(mlp::dims{}), adamw(), with(memory)), doctest::Contains("'l2.bias' on tier memory"),
+                         trident::usage_error);
+  });
+  CHECK_THROWS_WITH_AS(offload::tiered({}, offload::host(), offload::nvme(dir.path)), doctest::Contains("empty rule"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS(offload::tiered([](std::string_view) { return offload::tier::host; }, offload::nvme(dir.path), offload::host()),
+                       doctest::Contains("expected offload::host()"), trident::usage_error);
   CHECK(dir.files() == 0);
 }
 

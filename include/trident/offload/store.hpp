@@ -11,6 +11,7 @@
 //                                                     makes each rank's store
 //   std::shared_ptr<const placement> offload::host()   host memory (pinned for device optimizers)
 //   offload::nvme(dir, options)                        files through io_uring: offload/nvme.hpp
+//   offload::tiered(rule, host, nvme)                  each tensor on the tier rule(name) says
 //   double offload::device_bytes_per_parameter(stage, tier, ranks)   ZeRO's formulas, per tier
 //
 // How zero_optimizer uses a store (parallel/data/zero_optimizer.hpp, stages 1-3): the state it
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -70,6 +72,9 @@ struct store_request {
   std::size_t total = 0;
   int rank = 0;
   bool for_device = false;  // the optimizer's memory is a device's: host memory should be pinned
+  //! Per piece, the names of the tensors of its bucket (the same on every rank), for placements
+  //! that choose by tensor; may be empty for a placement that does not.
+  std::vector<std::vector<std::string>> tensors;
 };
 
 //! The home of a rank's optimizer state. Passes: begin_pass(order), then acquire(p) and
@@ -161,7 +166,132 @@ class host_placement final : public placement {
   }
 };
 
+//! Pieces on several tiers: each piece in one of `stores`, made from a request of its pieces
+//! alone (packed one after another), so each tier holds only its share of the state.
+class tiered_store final : public state_store {
+ public:
+  struct part {
+    std::unique_ptr<state_store> store;
+    offload::tier where;
+  };
+  // `home[p]`: which part piece p went to; its index there is its rank among that part's pieces.
+  tiered_store(std::vector<part> parts, const std::vector<std::size_t>& home)
+      : parts_(std::move(parts)), home_(home), local_(home.size()), orders_(parts_.size()) {
+    std::vector<std::size_t> count(parts_.size(), 0);
+    for (std::size_t p = 0; p < home_.size(); ++p) local_[p] = count[home_[p]]++;
+  }
+  offload::tier where() const noexcept override {
+    for (const part& t : parts_)
+      if (t.where == tier::nvme) return tier::nvme;
+    return tier::host;
+  }
+  void verify() const override {
+    for (const part& t : parts_) t.store->verify();
+  }
+  void begin_pass(std::span<const std::size_t> order) override {
+    for (auto& o : orders_) o.clear();
+    for (std::size_t p : order) {
+      TRIDENT_EXPECT(p < home_.size(), "offload::tiered: piece ", p, " of ", home_.size());
+      orders_[home_[p]].push_back(local_[p]);
+    }
+    for (std::size_t i = 0; i < parts_.size(); ++i) parts_[i].store->begin_pass(orders_[i]);
+  }
+  float* const* acquire(std::size_t p) override {
+    TRIDENT_EXPECT(p < home_.size(), "offload::tiered: piece ", p, " of ", home_.size());
+    return parts_[home_[p]].store->acquire(local_[p]);
+  }
+  void release(std::size_t p, bool modified) override {
+    TRIDENT_EXPECT(p < home_.size(), "offload::tiered: piece ", p, " of ", home_.size());
+    parts_[home_[p]].store->release(local_[p], modified);
+  }
+  void end_pass() override {
+    for (part& t : parts_) t.store->end_pass();
+  }
+  // Each tier holds its pieces packed, not the field whole.
+  float* resident(std::size_t) noexcept override { return nullptr; }
+
+ private:
+  std::vector<part> parts_;
+  std::vector<std::size_t> home_, local_;
+  std::vector<std::vector<std::size_t>> orders_;
+};
+
+class tiered_placement final : public placement {
+ public:
+  using rule_type = std::function<tier(std::string_view)>;
+  tiered_placement(rule_type rule, std::shared_ptr<const placement> host, std::shared_ptr<const placement> nvme)
+      : rule_(std::move(rule)), host_(std::move(host)), nvme_(std::move(nvme)) {}
+  offload::tier where() const noexcept override { return tier::nvme; }
+
+  std::unique_ptr<state_store> make(const store_request& r) const override {
+    check_request(r, "offload::tiered");
+    TRIDENT_EXPECT(r.tensors.size() == r.pieces.size(), "offload::tiered: the request names the tensors of ", r.tensors.size(),
+                   " pieces; expected all ", r.pieces.size(), " (this optimizer does not say which tensors a piece holds)");
+    // Each piece's tier: the one its bucket's tensors agree on.
+    std::vector<tier> tier_of(r.pieces.size(), tier::host);
+    for (std::size_t p = 0; p < r.pieces.size(); ++p) {
+      const std::string* first = nullptr;
+      for (const std::string& name : r.tensors[p]) {
+        const tier t = rule_(name);
+        TRIDENT_EXPECT(t != tier::memory, "offload::tiered: the rule puts tensor '", name,
+                       "' on tier memory; a tiered placement sends every tensor's state to host or nvme (without "
+                       "zero_options::offload it all stays in the optimizer's memory)");
+        if (first == nullptr) {
+          first = &name;
+          tier_of[p] = t;
+        }
+        TRIDENT_EXPECT(t == tier_of[p], "offload::tiered: bucket ", p, " holds tensor '", *first, "' (", name_of(tier_of[p]),
+                       ") and tensor '", name, "' (", name_of(t),
+                       "); a bucket's state lives on one tier: put a model_spec::bucket_boundary between their layers");
+      }
+    }
+    // One store per tier in use, over its own pieces packed from 0.
+    std::vector<tiered_store::part> parts;
+    std::vector<std::size_t> home(r.pieces.size());
+    for (const tier t : {tier::host, tier::nvme}) {
+      store_request sub;
+      sub.fields = r.fields;
+      sub.rank = r.rank;
+      sub.for_device = r.for_device;
+      for (std::size_t p = 0; p < r.pieces.size(); ++p) {
+        if (tier_of[p] != t) continue;
+        home[p] = parts.size();
+        sub.pieces.push_back({sub.total, r.pieces[p].size});
+        sub.tensors.push_back(r.tensors[p]);
+        sub.total += r.pieces[p].size;
+      }
+      if (sub.pieces.empty()) continue;
+      parts.push_back({(t == tier::host ? host_ : nvme_)->make(sub), t});
+    }
+    return std::make_unique<tiered_store>(std::move(parts), home);
+  }
+
+ private:
+  rule_type rule_;
+  std::shared_ptr<const placement> host_, nvme_;
+};
+
 }  // namespace detail
+
+//! Each tensor's state on the tier `rule(tensor name)` names: tier::host through `host`
+//! (offload::host()), tier::nvme through `nvme` (offload::nvme(dir)). The state of a bucket
+//! lives on one tier, so the tensors of one bucket must agree (a model_spec::bucket_boundary
+//! between layers keeps them apart); the optimizer's construction says which do not. The rule
+//! must answer the same on every rank.
+//!
+//!   zero::zero_options o;   // the embeddings' state in host memory, the blocks' in files
+//!   o.offload = trident::offload::tiered(
+//!       [](std::string_view t) { return t.starts_with("wte") ? offload::tier::host : offload::tier::nvme; },
+//!       trident::offload::host(), trident::offload::nvme("/mnt/nvme0/offload"));
+inline std::shared_ptr<const placement> tiered(std::function<tier(std::string_view)> rule, std::shared_ptr<const placement> host,
+                                               std::shared_ptr<const placement> nvme) {
+  TRIDENT_EXPECT(static_cast<bool>(rule), "offload::tiered: an empty rule");
+  TRIDENT_EXPECT(host != nullptr && host->where() == tier::host, "offload::tiered: the host placement is ",
+                 host ? name_of(host->where()) : std::string_view("null"), "; expected offload::host()");
+  TRIDENT_EXPECT(nvme != nullptr && nvme->where() == tier::nvme, "offload::tiered: the nvme placement is ",
+                 nvme ? name_of(nvme->where()) : std::string_view("null"), "; expected offload::nvme(directory)");
+  return std::make_shared<detail::tiered_placement>(std::move(rule), std::move(host), std::move(nvme));
+}
 
 //! The optimizer's fp32 state in host memory (pinned when the optimizer's memory is a device's):
 //! ZeRO-Offload's placement.

@@ -223,8 +223,9 @@ struct zero_options {
   //! offload::nvme(dir) = files (ZeRO-Infinity, offload/nvme.hpp). Each step then streams them
   //! through the host optimizer piece by piece (a bucket's share), the next piece read while
   //! the current one is updated; the result is the in-memory optimizer's, bit for bit.
-  //! Host-space optimizers (thread ranks, MPI) only, for now: a device optimizer's offload
-  //! (gradients down, parameters up over PCIe) waits for a GPU to be tested on.
+  //! offload::tiered(rule, host, nvme) chooses the tier per tensor. A device optimizer
+  //! (nccl_comm) brings each gradient piece down and its half parameters back up through
+  //! pinned host memory (docs/OFFLOAD.md; not yet run on a GPU).
   std::shared_ptr<const offload::placement> offload;
 };
 
@@ -788,6 +789,9 @@ class zero_optimizer {
   // ---- offload (offload/store.hpp) -------------------------------------------------------------
 
   static constexpr std::size_t master_fields = has_master ? 1 : 0;  // the store's fields: [master,] states...
+  // Spelt without `i < master_fields`, which nvcc flags as a pointless unsigned comparison when
+  // there is no master copy.
+  static constexpr bool is_master_field(std::size_t i) noexcept { return has_master && i == 0; }
 
   bool offloaded() const noexcept { return options_.offload && options_.offload->where() != offload::tier::memory; }
 
@@ -795,19 +799,26 @@ class zero_optimizer {
     TRIDENT_EXPECT(policy::shards_optimizer_state, "zero_optimizer: offload of the optimizer state to the ",
                    offload::name_of(options_.offload->where()), " tier needs ZeRO stage 1, 2 or 3 (stage ", stage,
                    " keeps every state on every rank)");
-    TRIDENT_EXPECT(space::host_accessible, "zero_optimizer: offload of the optimizer state to the ",
-                   offload::name_of(options_.offload->where()), " tier is built for host-space optimizers (thread ranks, "
-                   "MPI) only so far; with a ", space::name, " communicator keep zero_options::offload empty");
     offload::store_request r;
     if constexpr (has_master) r.fields.push_back(mem_category::parameters);
     for (std::size_t s = 0; s < Opt::state_count; ++s) r.fields.push_back(mem_category::optimizer_state);
     for (std::size_t b = 0; b < layout_.buckets().size(); ++b) r.pieces.push_back({layout_.buckets()[b].shard_begin, layout_.piece_size(b)});
+    r.tensors.resize(layout_.buckets().size());
+    for (std::size_t i = 0; i < layout_.tensors(); ++i) r.tensors[layout_.at_index(i).bucket].push_back(layout_.name_at(i));
     r.total = layout_.shard_size();
     r.rank = rank_;
     r.for_device = !space::host_accessible;
     store_ = options_.offload->make(r);
     pass_order_.resize(layout_.buckets().size());
     for (std::size_t b = 0; b < pass_order_.size(); ++b) pass_order_[b] = b;
+    if constexpr (!space::host_accessible) {
+      // A device optimizer's pieces pass through pinned host memory: two of each, so that one
+      // bucket's gradients come down while the one before is updated.
+      std::size_t largest = 0;
+      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) largest = std::max(largest, layout_.piece_size(b));
+      for (auto& g : grad_stage_) g = buffer<half_type, pinned_host_space>(largest, mem_category::communication);
+      for (auto& w : work_stage_) w = buffer<half_type, pinned_host_space>(largest, mem_category::communication);
+    }
   }
 
   // Calls f(fields of bucket b's piece) outside a step: the whole copy handed out by
@@ -833,12 +844,12 @@ class zero_optimizer {
   // it in files, a copy of every field read on first use and written back at the next step
   // (state_fields() hands these to checkpoints, which read or fill them in place).
   float* field_data(std::size_t i) {
-    if (!offloaded()) return i < master_fields ? master_or_working_buffer().data() : states_[i - master_fields].data();
+    if (!offloaded()) return is_master_field(i) ? master_or_working_buffer().data() : states_[i - master_fields].data();
     if (float* p = store_->resident(i)) return p;
     if (whole_.empty()) {
       const std::size_t n = master_fields + Opt::state_count;
       for (std::size_t j = 0; j < n; ++j)
-        whole_.emplace_back(layout_.shard_size(), j < master_fields ? mem_category::parameters : mem_category::optimizer_state);
+        whole_.emplace_back(layout_.shard_size(), is_master_field(j) ? mem_category::parameters : mem_category::optimizer_state);
       store_->begin_pass(pass_order_);
       for (std::size_t b : pass_order_) {
         float* const* piece = store_->acquire(b);
@@ -851,18 +862,36 @@ class zero_optimizer {
     return whole_[i].data();
   }
 
+  // Bucket b's piece of the state from the store (with what state_fields() handed out since
+  // the last step written over it: that copy is the truth).
+  float* const* acquire_piece(std::size_t b) {
+    float* const* f = store_->acquire(b);
+    if (!whole_.empty()) {
+      const std::size_t at = layout_.buckets()[b].shard_begin, len = layout_.piece_size(b);
+      for (std::size_t j = 0; j < master_fields + Opt::state_count; ++j) std::copy(whole_[j].data() + at, whole_[j].data() + at + len, f[j]);
+    }
+    return f;
+  }
+
   // One pass over the store: bucket b's piece is updated while the store brings in the next
-  // and writes back the last. The arithmetic is update()'s.
+  // and writes back the last. The arithmetic is update()'s, on the host.
   void offloaded_update(float multiplier) {
-    const std::size_t n_fields = master_fields + Opt::state_count;
     if (!whole_.empty()) store_->begin_pass(pass_order_);  // else step() began it
+    if constexpr (space::host_accessible) {
+      host_offloaded_update(multiplier);
+    } else {
+      device_offloaded_update(multiplier);
+    }
+    store_->end_pass();
+    whole_.clear();
+  }
+
+  void host_offloaded_update(float multiplier) {
     for (std::size_t b : pass_order_) {
       const auto& k = layout_.buckets()[b];
       const std::size_t len = layout_.piece_size(b);
       const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
-      float* const* f = store_->acquire(b);
-      if (!whole_.empty())  // state_fields() handed out copies since the last step: they are the truth
-        for (std::size_t j = 0; j < n_fields; ++j) std::copy(whole_[j].data() + k.shard_begin, whole_[j].data() + k.shard_begin + len, f[j]);
+      float* const* f = acquire_piece(b);
       std::array<float*, Opt::state_count> state;
       for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = f[master_fields + s];
       half_type* working = nullptr;
@@ -876,8 +905,55 @@ class zero_optimizer {
       engine<space>::step(*comm_, opt_, params, grad_piece(b), state, len, step_count_, multiplier, working);
       store_->release(b, true);
     }
-    store_->end_pass();
-    whole_.clear();
+  }
+
+  // A device optimizer (ZeRO-Offload): bucket b's reduced gradient piece comes down to pinned
+  // memory on the communicator's stream, the host step updates the fp32 state in the store and
+  // writes the new half parameters to pinned memory, which go back up on the same stream, in
+  // order with the all-gather or gathers that read them. Without master weights the device's
+  // fp32 parameters themselves come down with the gradients and go back up.
+  //
+  // Two staging buffers each, and the host waits only for the piece it updates next: the
+  // stream runs down(0) down(1) up(0) down(2) up(1) ..., so while the host updates piece i the
+  // stream carries up(i-1) and down(i+1), and waiting for down(i) also covers up(i-2), the last
+  // reader of the staging buffer that piece i's update writes. down(i+1) overwrites buffers
+  // whose last host reader (piece i-1's update) has returned and whose upload is ahead of it on
+  // the stream.
+  void device_offloaded_update(float multiplier) {
+    using device = engine<space>;
+    const std::size_t n = pass_order_.size();
+    auto working_at = [&](std::size_t b) {
+      return !policy::shards_parameters ? layout_.piece_begin(b, rank_) : layout_.buckets()[b].shard_begin;
+    };
+    std::array<typename device::marker, 2> down_done;
+    auto down = [&](std::size_t i) {
+      const std::size_t b = pass_order_[i], len = layout_.piece_size(b);
+      device::copy(*comm_, grad_stage_[i % 2].data(), grad_piece(b), len * sizeof(half_type));
+      if constexpr (!has_master)
+        device::copy(*comm_, work_stage_[i % 2].data(), working_.data() + working_at(b), len * sizeof(half_type));
+      device::mark(*comm_, down_done[i % 2]);
+    };
+    if (n != 0) down(0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t b = pass_order_[i], len = layout_.piece_size(b);
+      device::wait_for(down_done[i % 2]);
+      if (i + 1 < n) down(i + 1);
+      float* const* f = acquire_piece(b);
+      std::array<float*, Opt::state_count> state;
+      for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = f[master_fields + s];
+      half_type* stage = work_stage_[i % 2].data();
+      float* params;
+      half_type* working = nullptr;
+      if constexpr (has_master) {
+        params = f[0];
+        working = stage;
+      } else {
+        params = stage;  // half_type is float without master weights
+      }
+      engine<host_space>::step(*comm_, opt_, params, grad_stage_[i % 2].data(), state, len, step_count_, multiplier, working);
+      store_->release(b, true);
+      device::copy(*comm_, working_.data() + working_at(b), stage, len * sizeof(half_type));
+    }
   }
 
   // The fp32 values the optimizer updates: the master copy, or the working weights themselves.
@@ -1547,6 +1623,7 @@ class zero_optimizer {
   std::unique_ptr<offload::state_store> store_;  // the master weights and states instead, when offloaded
   std::vector<std::size_t> pass_order_;          // the buckets, in the order a step updates them
   std::vector<buffer<float, host_space>> whole_;   // the state whole, while state_fields() has handed it out (nvme)
+  std::array<buffer<half_type, pinned_host_space>, 2> grad_stage_, work_stage_;  // a device optimizer's pieces on the host
 
   // Readiness: per layer, marked in this micro-batch; per bucket, layers with tensors (those
   // that must be marked) and how many are still to come.

@@ -18,6 +18,7 @@
 
 #include "trident/core/cuda_runtime.hpp"
 #include "trident/core/cuda/convert.cuh"
+#include "trident/exec/cuda/stream.hpp"
 #include "trident/optim/cuda/step.cuh"
 #include "trident/parallel/data/zero_optimizer.hpp"
 
@@ -89,6 +90,14 @@ struct engine<cuda_space> {
   static void fill_zero(Comm& comm, void* dst, std::size_t bytes) {
     if (bytes != 0) TRIDENT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, engine_detail::stream_of(comm)));
   }
+  // A point in the communicator's stream that the host can wait for: the offload waits for one
+  // piece's gradients to come down without waiting for the uploads queued before it.
+  using marker = cuda_event;
+  template <class Comm>
+  static void mark(Comm& comm, marker& m) {
+    m.record(engine_detail::stream_of(comm));
+  }
+  static void wait_for(const marker& m) { m.synchronize(); }
 };
 
 }  // namespace trident::zero
