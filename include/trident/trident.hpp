@@ -28,8 +28,10 @@
 #include "trident/launch/rendezvous.hpp"
 
 #include "trident/comm/communicator.hpp"
+#include "trident/comm/hierarchical.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/process_grid.hpp"
+#include "trident/comm/slow_link.hpp"
 #if TRIDENT_HAS_MPI
 #include "trident/comm/mpi.hpp"
 #endif

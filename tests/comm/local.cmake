@@ -31,3 +31,6 @@ trident_add_test(comm.random SOURCES comm/test_random.cpp LIBRARIES Threads::Thr
 if(TRIDENT_TSAN_TESTS AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   trident_add_tsan_test(comm.random_tsan SOURCES comm/test_random.cpp LIBRARIES Threads::Threads LABELS comm local tsan TIMEOUT 600)
 endif()
+
+# The simulated network (comm/slow_link.hpp) and the hierarchical all-reduce, on thread ranks.
+trident_add_test(comm.slow_link SOURCES comm/test_slow_link.cpp LIBRARIES Threads::Threads LABELS comm local TIMEOUT 600)

@@ -15,3 +15,8 @@ if(TARGET trident::mpi)
   set_tests_properties(comm.mpi_misuse PROPERTIES TIMEOUT 400 LABELS "comm;mpi" PROCESSORS 2
                        ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
 endif()
+
+# The same over MPI ranks.
+if(TARGET trident::mpi AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  trident_add_test(comm.slow_link_mpi SOURCES comm/test_slow_link_mpi.cpp LIBRARIES trident::mpi MPI_RANKS 4 LABELS comm mpi)
+endif()
