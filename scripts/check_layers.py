@@ -14,7 +14,7 @@ import tempfile
 
 # One entry per top-level folder of include/trident/, in dependency order. A new folder must be
 # placed here (and described in docs/ARCHITECTURE.md), or this check fails.
-LAYERS = ["core", "exec", "launch", "comm", "model", "precision", "optim", "offload", "nn", "data", "parallel",
+LAYERS = ["core", "exec", "launch", "comm", "model", "precision", "optim", "offload", "compress", "nn", "data", "parallel",
           "checkpoint", "plan"]
 UMBRELLA = "trident.hpp"  # above everything
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"](trident/[^">]+)[">]')

@@ -57,9 +57,14 @@
 
 #include "trident/data/token_shards.hpp"
 
+#include "trident/compress/cast.hpp"
+#include "trident/compress/onebit.hpp"
+#include "trident/compress/powersgd.hpp"
+#include "trident/compress/reducer.hpp"
 #include "trident/offload/nvme.hpp"
 #include "trident/offload/store.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
+#include "trident/parallel/local_sgd/diloco.hpp"
 #include "trident/parallel/pipeline/partition.hpp"
 #include "trident/parallel/pipeline/pipeline.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"

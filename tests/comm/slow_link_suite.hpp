@@ -159,6 +159,17 @@ void clock(W& world) {
     const double step = l.seconds(4000);
     const double expected = n == 1 ? 0.0 : a == wire_algorithm::ring ? 2.0 * (n - 1) * step : 2.0 * step;
     CHECK(net.now() == doctest::Approx(expected));
+    // Asynchronous: the rank works on while it is in flight; wait() catches up.
+    const double t0 = net.now(), comm = expected;
+    auto r = net.all_reduce_async(v);
+    CHECK(net.now() == t0);
+    net.advance(10.0);  // longer than the all-reduce
+    r.wait();
+    CHECK(net.now() == doctest::Approx(t0 + 10.0));
+    auto r2 = net.all_reduce_async(v);
+    net.advance(comm / 2);
+    r2.wait();
+    CHECK(net.now() == doctest::Approx(t0 + 10.0 + comm));  // half of it hidden behind the compute
     // Split: the same clock, the same counters.
     auto pair = net.split(net.rank() / 2, net.rank());
     const double before = net.now();

@@ -27,8 +27,9 @@
 // bandwidth each flow gets). The clock is shared by the communicators split from one rank's.
 //
 // Results are reduced in a fixed order (ring: along the ring; direct: in rank order), so every
-// rank holds the same bits. Operations complete on return (the asynchronous forms return a
-// completed request). Host memory only.
+// rank holds the same bits. Data moves before a call returns; an asynchronous form's request
+// carries the simulated time its messages finish, and its wait() moves the clock there, so
+// communication started early overlaps the compute in between. Host memory only.
 //
 //   auto map = trident::cluster_map::blocks(8, 4, {.latency = 1e-6, .bandwidth = 100e9},   // inside
 //                                                  {.latency = 0.1, .bandwidth = 1e9});     // across
@@ -163,9 +164,19 @@ template <communicator Inner>
   requires std::same_as<typename Inner::space, host_space>
 class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
  public:
-  //! Operations complete before start() returns: the request only says so.
+  //! An asynchronous operation: its data moved before start() returned, but on the simulated
+  //! clock it completes at `done`, and the rank works on meanwhile; wait() moves the clock
+  //! there if it is not past it yet (so communication overlaps compute in simulated time).
+  //! test() says whether the data is there: always.
   struct request {
-    void wait() noexcept {}
+    std::shared_ptr<detail::sim_clock> clock;
+    double done = 0.0;
+    void wait() noexcept {
+      if (!clock) return;
+      clock->catch_up();
+      clock->now = std::max(clock->now, done);
+      clock->pause();
+    }
     bool test() const noexcept { return true; }
   };
   static constexpr nan_in_max_min max_min_nan = nan_in_max_min::propagate;  // host_combine
@@ -215,8 +226,9 @@ class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
     }
   }
   request start(const collective_call& c) {
-    execute(c);
-    return {};
+    const auto [begin, done] = timed([&] { execute(c); });
+    clock_->now = begin;
+    return {clock_, done};
   }
   void execute(std::span<const p2p_op<host_space>> ops) {
     const accounting a{*clock_};
@@ -225,8 +237,9 @@ class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
     transfer(m);
   }
   request start(std::span<const p2p_op<host_space>> ops) {
-    execute(ops);
-    return {};
+    const auto [begin, done] = timed([&] { execute(ops); });
+    clock_->now = begin;
+    return {clock_, done};
   }
   //! Every rank's clock moves to at least the latest arrival of a ring of empty messages: no
   //! rank leaves before every rank has arrived (plus the links' latencies).
@@ -262,6 +275,15 @@ class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
     for (std::size_t r = 0; r < world_.size(); ++r)
       if (world_[r] == w) return static_cast<int>(r);
     return -1;
+  }
+
+  // The simulated times at which f starts and ends.
+  template <class F>
+  std::pair<double, double> timed(F&& f) {
+    clock_->catch_up();
+    const double begin = clock_->now;
+    f();
+    return {begin, clock_->now};
   }
 
   // The clock takes in the rank's compute on entry and starts counting it again on exit (the

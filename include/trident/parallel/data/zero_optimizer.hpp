@@ -131,6 +131,7 @@
 
 #include "trident/comm/communicator.hpp"
 #include "trident/comm/host_reduce.hpp"
+#include "trident/compress/reducer.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/exec/trace.hpp"
@@ -339,7 +340,8 @@ class zero_optimizer {
     // Communication in flight reads and writes our buffers: wait for all of it, even past a
     // failure, before they go. The destructor cannot throw, so a failure is reported rather than
     // lost (call finish() first to get it as an exception).
-    for (auto& p : pending_reduce_) wait_in_destructor(p.request);
+    for (auto& p : pending_reduce_)
+      if (p.request) wait_in_destructor(*p.request);
     for (auto& g : pending_gather_)
       if (g) wait_in_destructor(*g);
   }
@@ -485,6 +487,36 @@ class zero_optimizer {
     TRIDENT_EXPECT(!policy::shards_gradients || sync, "set_gradient_sync(false): stages 2 and 3 keep only a shard of the gradients, so "
                    "they reduce every micro-batch");
     sync_ = sync;
+  }
+
+  //! Each bucket's gradients go through `reducer` instead of the plain all-reduce (stages 0-1) or
+  //! reduce-scatter (stages 2-3, which reduce the whole bucket through it and keep their piece):
+  //! compress::cast<bf16>, compress::powersgd, compress::onebit (compress/) or any type with
+  //! all_reduce(comm, compress::bucket_view) that leaves the same values on every rank. Called
+  //! synchronously, once per bucket per reduction, on every rank; the reducer keeps its state
+  //! (error feedback, warm starts) per bucket, so give each optimizer its own. Call it on every
+  //! rank, between steps; nullptr goes back to the plain reduction.
+  //!
+  //!   auto powersgd = std::make_shared<trident::compress::powersgd>(trident::compress::powersgd_options{.rank = 4});
+  //!   zero.reduce_gradients_with(powersgd);
+  template <class R>
+    requires compress::gradient_reducer<R, Comm, half_type>
+  void reduce_gradients_with(std::shared_ptr<R> reducer) {
+    TRIDENT_EXPECT(pending_reduce_.empty(), "reduce_gradients_with: reductions are in flight; call it between steps");
+    if (!reducer) {
+      reducer_ = nullptr;
+      return;
+    }
+    if (bucket_tensors_.empty()) {
+      bucket_tensors_.resize(layout_.buckets().size());
+      for (std::size_t i = 0; i < layout_.tensors(); ++i) {
+        const auto& p = layout_.at_index(i);
+        const auto& t = layout_.spec_at(i);
+        const std::size_t rows = t.shape.empty() ? 1 : t.shape[0];
+        bucket_tensors_[p.bucket].push_back({t.name, p.offset - layout_.buckets()[p.bucket].begin, rows, t.numel / rows});
+      }
+    }
+    reducer_ = [r = std::move(reducer)](Comm& comm, const compress::bucket_view<half_type, space>& b) { r->all_reduce(comm, b); };
   }
 
   //! The gradients of `layer` are complete for this micro-batch: call it once per layer and
@@ -703,7 +735,7 @@ class zero_optimizer {
     std::size_t bucket;
     buffer<half_type, space> copy;  // checked mode: the private copy being reduced
     std::uint64_t fingerprint;      // checked mode: the user's gradients when the reduction started
-    request_type request;
+    std::optional<request_type> request;  // none: a gradient reducer finished it at once
   };
 
   // A misuse found on this rank before step() (checked mode), reported by step() on every rank.
@@ -1050,7 +1082,11 @@ class zero_optimizer {
       data = copy.data();
     }
     space_span<half_type, space> whole(data, k.size);
-    if constexpr (!policy::shards_gradients) {
+    if (reducer_) {
+      // Every stage reduces the whole bucket through it; stages 2-3 then keep their piece.
+      bucket_collective(b, false, true, [&] { reducer_(*comm_, {b, whole, bucket_tensors_[b], op}); });
+      pending_reduce_.push_back({b, std::move(copy), print, std::nullopt});
+    } else if constexpr (!policy::shards_gradients) {
       auto request = bucket_collective(b, false, true, [&] { return comm_->all_reduce_async(whole, op); });
       pending_reduce_.push_back({b, std::move(copy), print, std::move(request)});
     } else {
@@ -1070,7 +1106,7 @@ class zero_optimizer {
       for (; done < pending_reduce_.size(); ++done) {
         auto& p = pending_reduce_[done];
         bucket_collective(p.bucket, false, false, [&] {
-          p.request.wait();
+          if (p.request) p.request->wait();
           complete_reduction(p);
         });
       }
@@ -1457,7 +1493,7 @@ class zero_optimizer {
     // fails at once without taking part; elsewhere it was started (and matched) before it.
     for (auto& p : pending_reduce_) {
       try {
-        p.request.wait();
+        if (p.request) p.request->wait();
       } catch (...) {
       }
     }
@@ -1635,6 +1671,8 @@ class zero_optimizer {
   std::vector<buffer<half_type, space>> bucket_grads_;  // stages 2-3: per-bucket gradient buffers, while in use
   std::vector<bool> bucket_live_;                       // stages 2-3: the buffer holds this micro-batch's gradients
   std::vector<pending> pending_reduce_;
+  std::function<void(Comm&, const compress::bucket_view<half_type, space>&)> reducer_;  // empty: the plain reduction
+  std::vector<std::vector<compress::tensor_part>> bucket_tensors_;                       // for the reducer, per bucket
   std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
   std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
   std::multimap<std::size_t, buffer<half_type, space>> spare_;  // pooled bucket buffers by size

@@ -1,0 +1,270 @@
+#pragma once
+// PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019): each gradient matrix M (rows x cols)
+// is sent as two thin factors P (rows x r) and Q (cols x r), with error feedback and a warm
+// start, the way PyTorch's DDP hook does it (torch/distributed/algorithms/ddp_comm_hooks/
+// powerSGD_hook.py, `powerSGD_hook` with PowerSGDState):
+//
+//   before start_iter calls for a bucket: the plain all-reduce;
+//   then, per bucket:
+//     M += error                               (error feedback: what compression lost last time)
+//     tensors with r (rows + cols) * min_compression_rate >= rows * cols, 1-D ones among them,
+//       are all-reduced whole and averaged ("uncompressed");
+//     the others: Q from the last step (warm start; random normal the first time), orthogonalised;
+//       P = M Q, all-reduced (summed); P orthogonalised; Q = M^T P, all-reduced and averaged;
+//       M = P Q^T
+//     error = (M + old error) - what the bucket now holds
+//
+// Three all-reduces per bucket (uncompressed tensors, every P, every Q). Orthogonalisation is
+// PyTorch's choice: modified Gram-Schmidt for r <= 2 (a column whose norm is 0 becomes 0, where
+// PyTorch would divide by zero and advises orthogonalization_epsilon), a Householder QR above
+// (LAPACK's, behind torch.linalg.qr, may choose other signs for the columns; they cancel in
+// P Q^T).
+// The random start is a normal draw from a counter-based generator keyed by (seed, bucket,
+// tensor, element): the same on every rank without communication.
+//
+//   trident::compress::powersgd_options o;
+//   o.rank = 4;
+//   o.start_iter = 10;
+//   auto r = std::make_shared<trident::compress::powersgd>(o);
+//   zero.reduce_gradients_with(r);
+//   r->numel_after() / double(r->numel_before());   // the compression (PyTorch's statistics)
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numbers>
+#include <vector>
+
+#include "trident/compress/reducer.hpp"
+#include "trident/core/error.hpp"
+
+namespace trident::compress {
+
+//! PyTorch's PowerSGDState fields, with its defaults.
+struct powersgd_options {
+  std::size_t rank = 1;               // matrix_approximation_rank: r
+  std::int64_t start_iter = 1000;     // start_powerSGD_iter: plain all-reduces before this many calls
+  double min_compression_rate = 2.0;  // compress a matrix only if r (rows + cols) * this < rows * cols
+  bool error_feedback = true;         // use_error_feedback
+  bool warm_start = true;             // warm_start: reuse last step's Q
+  float orthogonalization_epsilon = 0.0f;
+  std::uint64_t seed = 0;             // random_seed: the first Q
+};
+
+namespace detail {
+
+inline std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+//! A standard normal value for `key` (Box-Muller on two 53-bit uniforms in (0, 1]).
+inline float normal(std::uint64_t key) noexcept {
+  const double u1 = (static_cast<double>(splitmix64(2 * key) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(splitmix64(2 * key + 1) >> 11) * 0x1.0p-53;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+//! Orthonormalises the columns of a rows x r row-major matrix in place, as PyTorch's
+//! _orthogonalize does: modified Gram-Schmidt for r <= 2 (a column whose norm is 0 becomes 0),
+//! and above that the Q of a QR factorisation (Householder, as LAPACK's geqrf/orgqr behind
+//! torch.linalg.qr), which stays orthonormal when the matrix is rank-deficient, as gradients
+//! with dead units are: P P^T is then a projection that keeps the whole range of P.
+inline void orthogonalize(float* a, std::size_t rows, std::size_t r, float epsilon) {
+  if (r <= 2) {
+    for (std::size_t j = 0; j < r; ++j) {
+      double norm = 0;
+      for (std::size_t i = 0; i < rows; ++i) norm += static_cast<double>(a[i * r + j]) * a[i * r + j];
+      const float d = static_cast<float>(std::sqrt(norm)) + epsilon;
+      for (std::size_t i = 0; i < rows; ++i) a[i * r + j] = d == 0.0f ? 0.0f : a[i * r + j] / d;
+      for (std::size_t k = j + 1; k < r; ++k) {
+        double dot = 0;
+        for (std::size_t i = 0; i < rows; ++i) dot += static_cast<double>(a[i * r + j]) * a[i * r + k];
+        for (std::size_t i = 0; i < rows; ++i) a[i * r + k] -= static_cast<float>(dot) * a[i * r + j];
+      }
+    }
+    return;
+  }
+  // Householder: R = H_{r-1} ... H_0 A, then Q = H_0 ... H_{r-1} [I; 0], in double.
+  std::vector<double> m(a, a + rows * r), v(rows * r, 0.0);
+  for (std::size_t k = 0; k < r && k < rows; ++k) {
+    double norm = 0;
+    for (std::size_t i = k; i < rows; ++i) norm += m[i * r + k] * m[i * r + k];
+    norm = std::sqrt(norm);
+    if (norm == 0) continue;  // nothing to reflect: H_k = I
+    const double alpha = m[k * r + k] > 0 ? -norm : norm;
+    double vnorm = 0;
+    for (std::size_t i = k; i < rows; ++i) {
+      v[i * r + k] = m[i * r + k] - (i == k ? alpha : 0.0);
+      vnorm += v[i * r + k] * v[i * r + k];
+    }
+    vnorm = std::sqrt(vnorm);
+    if (vnorm == 0) continue;
+    for (std::size_t i = k; i < rows; ++i) v[i * r + k] /= vnorm;
+    for (std::size_t j = k; j < r; ++j) {
+      double dot = 0;
+      for (std::size_t i = k; i < rows; ++i) dot += v[i * r + k] * m[i * r + j];
+      for (std::size_t i = k; i < rows; ++i) m[i * r + j] -= 2 * dot * v[i * r + k];
+    }
+  }
+  std::vector<double> q(rows * r, 0.0);
+  for (std::size_t j = 0; j < r && j < rows; ++j) q[j * r + j] = 1.0;
+  for (std::size_t k = std::min(r, rows); k-- > 0;) {
+    for (std::size_t j = 0; j < r; ++j) {
+      double dot = 0;
+      for (std::size_t i = k; i < rows; ++i) dot += v[i * r + k] * q[i * r + j];
+      for (std::size_t i = k; i < rows; ++i) q[i * r + j] -= 2 * dot * v[i * r + k];
+    }
+  }
+  for (std::size_t e = 0; e < rows * r; ++e) a[e] = static_cast<float>(q[e]);
+}
+
+}  // namespace detail
+
+class powersgd {
+ public:
+  explicit powersgd(powersgd_options o = {}) : o_(o) {
+    TRIDENT_EXPECT(o_.rank >= 1, "compress::powersgd: rank ", o_.rank, "; expected at least 1");
+    TRIDENT_EXPECT(o_.start_iter >= 0, "compress::powersgd: start_iter ", o_.start_iter, "; expected >= 0");
+    TRIDENT_EXPECT(o_.min_compression_rate >= 0, "compress::powersgd: min_compression_rate ", o_.min_compression_rate,
+                   "; expected >= 0");
+    TRIDENT_EXPECT(o_.orthogonalization_epsilon >= 0, "compress::powersgd: orthogonalization_epsilon ",
+                   o_.orthogonalization_epsilon, "; expected >= 0");
+  }
+  const powersgd_options& options() const noexcept { return o_; }
+  //! Elements that compressed calls would have sent uncompressed, and what they sent (PyTorch's
+  //! total_numel_before_compression / total_numel_after_compression).
+  std::uint64_t numel_before() const noexcept { return before_; }
+  std::uint64_t numel_after() const noexcept { return after_; }
+
+  template <class Comm, class T>
+  void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
+    static_assert(Comm::space::host_accessible, "trident::compress::powersgd works on host memory (thread ranks, MPI)");
+    bucket& s = state(b.index);
+    if (s.iter < o_.start_iter) {
+      ++s.iter;
+      space_span<T, typename Comm::space> data = b.data;
+      comm.all_reduce(data, b.op);
+      return;
+    }
+    ++s.iter;
+    const bool avg = b.op == reduce_op::avg;
+    const float ranks = static_cast<float>(comm.size());
+    std::vector<float> m = detail::floats_of(b);
+    if (o_.error_feedback) {
+      if (s.error.size() != m.size()) s.error.assign(m.size(), 0.0f);
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] += s.error[i];
+    }
+    // Which tensors are compressed, and where their factors sit in the P and Q arrays.
+    struct matrix {
+      const tensor_part* t;
+      std::size_t r, p_at, q_at, index;
+    };
+    std::vector<matrix> compressed;
+    std::vector<const tensor_part*> whole;
+    std::size_t p_size = 0, q_size = 0, u_size = 0;
+    for (std::size_t i = 0; i < b.tensors.size(); ++i) {
+      const tensor_part& t = b.tensors[i];
+      const std::size_t r = std::min({t.rows, t.cols, o_.rank});
+      before_ += t.numel();
+      if (static_cast<double>((t.rows + t.cols) * r) * o_.min_compression_rate < static_cast<double>(t.numel())) {
+        compressed.push_back({&t, r, p_size, q_size, i});
+        p_size += t.rows * r;
+        q_size += t.cols * r;
+        after_ += (t.rows + t.cols) * r;
+      } else {
+        whole.push_back(&t);
+        u_size += t.numel();
+        after_ += t.numel();
+      }
+    }
+    // Uncompressed tensors, all-reduced as they are.
+    std::vector<float> u;
+    u.reserve(u_size);
+    for (const tensor_part* t : whole) u.insert(u.end(), m.begin() + static_cast<std::ptrdiff_t>(t->offset),
+                                                m.begin() + static_cast<std::ptrdiff_t>(t->offset + t->numel()));
+    comm.all_reduce(u, reduce_op::sum);
+    if (avg)
+      for (float& x : u) x /= ranks;
+    // Q: last step's (warm start) or a random start, orthogonalised either way.
+    const bool fresh = !o_.warm_start || s.q.size() != q_size;
+    if (fresh) s.q.assign(q_size, 0.0f);
+    for (const matrix& x : compressed) {
+      float* q = s.q.data() + x.q_at;
+      if (fresh) {
+        const std::uint64_t key = detail::splitmix64(detail::splitmix64(o_.seed ^ (b.index << 32)) ^ x.index) << 24;
+        for (std::size_t e = 0; e < x.t->cols * x.r; ++e) q[e] = detail::normal(key + e);
+      }
+      detail::orthogonalize(q, x.t->cols, x.r, o_.orthogonalization_epsilon);
+    }
+    // P = M Q, summed over ranks, orthogonalised.
+    std::vector<float> p(p_size);
+    for (const matrix& x : compressed) {
+      const float* a = m.data() + x.t->offset;
+      const float* q = s.q.data() + x.q_at;
+      float* out = p.data() + x.p_at;
+      for (std::size_t i = 0; i < x.t->rows; ++i)
+        for (std::size_t j = 0; j < x.r; ++j) {
+          double acc = 0;
+          for (std::size_t k = 0; k < x.t->cols; ++k) acc += static_cast<double>(a[i * x.t->cols + k]) * q[k * x.r + j];
+          out[i * x.r + j] = static_cast<float>(acc);
+        }
+    }
+    comm.all_reduce(p, reduce_op::sum);
+    for (const matrix& x : compressed) detail::orthogonalize(p.data() + x.p_at, x.t->rows, x.r, o_.orthogonalization_epsilon);
+    // Q = M^T P, averaged over ranks.
+    for (const matrix& x : compressed) {
+      const float* a = m.data() + x.t->offset;
+      const float* pp = p.data() + x.p_at;
+      float* q = s.q.data() + x.q_at;
+      for (std::size_t k = 0; k < x.t->cols; ++k)
+        for (std::size_t j = 0; j < x.r; ++j) {
+          double acc = 0;
+          for (std::size_t i = 0; i < x.t->rows; ++i) acc += static_cast<double>(a[i * x.t->cols + k]) * pp[i * x.r + j];
+          q[k * x.r + j] = static_cast<float>(acc);
+        }
+    }
+    comm.all_reduce(s.q, reduce_op::sum);
+    if (avg)
+      for (float& x : s.q) x /= ranks;
+    // The bucket: P Q^T for compressed tensors, the reduced values for the others, 0 in padding.
+    std::vector<float> out(m.size(), 0.0f);
+    for (const matrix& x : compressed) {
+      const float* pp = p.data() + x.p_at;
+      const float* q = s.q.data() + x.q_at;
+      float* o = out.data() + x.t->offset;
+      for (std::size_t i = 0; i < x.t->rows; ++i)
+        for (std::size_t k = 0; k < x.t->cols; ++k) {
+          double acc = 0;
+          for (std::size_t j = 0; j < x.r; ++j) acc += static_cast<double>(pp[i * x.r + j]) * q[k * x.r + j];
+          o[i * x.t->cols + k] = static_cast<float>(acc);
+        }
+    }
+    std::size_t at = 0;
+    for (const tensor_part* t : whole) {
+      std::copy(u.begin() + static_cast<std::ptrdiff_t>(at), u.begin() + static_cast<std::ptrdiff_t>(at + t->numel()),
+                out.begin() + static_cast<std::ptrdiff_t>(t->offset));
+      at += t->numel();
+    }
+    if (o_.error_feedback)
+      for (std::size_t i = 0; i < m.size(); ++i) s.error[i] = m[i] - out[i];
+    if (!o_.warm_start) s.q.clear();
+    detail::store(b, out);
+  }
+
+ private:
+  struct bucket {
+    std::int64_t iter = 0;
+    std::vector<float> error, q;
+  };
+  bucket& state(std::size_t index) {
+    if (index >= buckets_.size()) buckets_.resize(index + 1);
+    return buckets_[index];
+  }
+
+  powersgd_options o_;
+  std::vector<bucket> buckets_;
+  std::uint64_t before_ = 0, after_ = 0;
+};
+
+}  // namespace trident::compress

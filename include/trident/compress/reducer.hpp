@@ -1,0 +1,90 @@
+#pragma once
+// Gradient reducers: what replaces the plain all-reduce of a gradient bucket in data-parallel
+// training, so that fewer bytes cross the network (issue 16).
+//
+//   struct compress::tensor_part             one tensor of a bucket, as a rows x cols matrix
+//   struct compress::bucket_view<T, Space>   a bucket's gradients to reduce in place, its tensors
+//   concept compress::gradient_reducer       how a type opts in: all_reduce(comm, bucket)
+//   struct compress::exact                   the plain all_reduce (the baseline)
+//   compress::cast<Half>                     compress/cast.hpp: fp16/bf16 on the wire
+//   compress::powersgd                       compress/powersgd.hpp: low rank, error feedback
+//   compress::onebit                         compress/onebit.hpp: signs and a scale, error feedback
+//
+// zero_optimizer::reduce_gradients_with(std::shared_ptr<R>) hands each bucket to R once per step
+// (every ZeRO stage: stages 2 and 3 then keep their piece of the reduced bucket). A reducer keeps
+// its state (error feedback, warm starts) per bucket index, so one reducer serves one optimizer.
+// Every rank must end with the same values: the optimizer's replicas stay equal only so.
+//
+// A type opts in with a member
+//   template <class Comm> void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b);
+// that leaves in b.data, on every rank, (an approximation of) b.op (sum or avg) over the ranks'
+// b.data. The reducers here work on host memory (thread ranks, MPI); on a device they refuse at
+// compile time.
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/core/half.hpp"
+#include "trident/core/space_span.hpp"
+
+namespace trident::compress {
+
+//! Elements [offset, offset + rows * cols) of a bucket hold one tensor, seen as a rows x cols
+//! matrix: rows = its first dimension, cols = the rest (PyTorch's tensor.view(shape[0], -1)), so
+//! a 1-D tensor of n elements is n x 1.
+struct tensor_part {
+  std::string name;
+  std::size_t offset = 0;
+  std::size_t rows = 0, cols = 0;
+  std::size_t numel() const noexcept { return rows * cols; }
+};
+
+//! A bucket of this rank's gradients, reduced in place. Elements outside every tensor are
+//! padding (zero on every rank).
+template <class T, memory_space Space>
+struct bucket_view {
+  std::size_t index = 0;                 // the bucket: a reducer's state is kept per bucket
+  space_span<T, Space> data;             // this rank's gradients in, the reduced ones out
+  std::span<const tensor_part> tensors;  // in bucket order
+  reduce_op op = reduce_op::avg;         // sum or avg over the ranks
+};
+
+//! A type that can stand in for the all-reduce of a gradient bucket (see the header comment).
+template <class R, class Comm, class T>
+concept gradient_reducer = communicator<Comm> && requires(R& r, Comm& c, const bucket_view<T, typename Comm::space>& b) {
+  r.all_reduce(c, b);
+};
+
+//! The plain all-reduce, through the same hook (the baseline the others are measured against).
+struct exact {
+  template <class Comm, class T>
+  void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
+    space_span<T, typename Comm::space> data = b.data;
+      comm.all_reduce(data, b.op);
+  }
+};
+
+namespace detail {
+
+template <class T>
+float to_float(T v) noexcept {
+  return static_cast<float>(v);
+}
+//! The bucket's values as floats (reducers compute in float whatever the gradients' type).
+template <class T, memory_space Space>
+std::vector<float> floats_of(const bucket_view<T, Space>& b) {
+  static_assert(Space::host_accessible, "trident::compress: these reducers work on host memory (thread ranks, MPI)");
+  std::vector<float> v(b.data.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(b.data.data()[i]);
+  return v;
+}
+template <class T, memory_space Space>
+void store(const bucket_view<T, Space>& b, std::span<const float> v) {
+  for (std::size_t i = 0; i < v.size(); ++i) b.data.data()[i] = static_cast<T>(v[i]);
+}
+
+}  // namespace detail
+
+}  // namespace trident::compress

@@ -1,0 +1,201 @@
+#pragma once
+// Training across slow links by communicating rarely: local SGD and DiLoCo (Douillard et al.,
+// "DiLoCo: Distributed Low-Communication Training of Language Models", 2023), and its streaming
+// form (Douillard et al., "Streaming DiLoCo with overlapping communication", 2025).
+//
+//   struct local_sgd::diloco_options    H, the outer optimizer, fragments, overlap, mixing
+//   class  local_sgd::diloco<Comm>      call step() after each inner optimizer step
+//
+// Each worker (a rank, or a group of data-parallel ranks with their own optimizer) trains its
+// copy of the model with its inner optimizer on its own data. Every H inner steps the outer step
+// runs across workers: the pseudo-gradient delta = theta_global - theta_local is averaged over
+// the workers (one all-reduce over `across`), the outer optimizer (Nesterov SGD, lr 0.7,
+// momentum 0.9, the paper's) updates theta_global with it, and every worker continues from the
+// new theta_global. H = 1 with an outer SGD of lr 1 and no momentum is data parallelism (the
+// average of the workers' steps); outer SGD of lr 1 without momentum is local SGD (periodic
+// model averaging). One all-reduce of the model per H steps: H times fewer bytes than a
+// gradient all-reduce per step.
+//
+// Streaming (fragments = F > 1): the model is cut into F contiguous fragments, fragment p synced
+// at the steps t = p H / F (mod H), so each sync sends 1/F of the model and the peak bandwidth
+// drops F times. With overlap = tau > 0 a fragment's all-reduce starts at its step and its
+// outer step is applied tau inner steps later, while training goes on (the all-reduce is the
+// communicator's asynchronous one); the fragment then becomes mixing * theta_local +
+// (1 - mixing) * theta_global, so the tau steps of local progress are not thrown away when
+// mixing > 0.
+//
+// The parameters are spans of this rank's fp32 values that the inner optimizer updates in
+// place: with zero_optimizer, the working weights of a full_precision optimizer (state field
+// "parameters", every range it holds); ranks that hold the same part of the model in
+// different workers make up `across`. The workers start from rank 0's values (broadcast at
+// construction, unless options say they already agree).
+//
+//   trident::local_sgd::diloco<trident::local_comm> outer(across, {params}, {.inner_steps = 100});
+//   for (int t = 0; t < steps; ++t) {
+//     train_step(inner);         // forward, backward, the inner optimizer's step
+//     outer.step();              // every 100 steps: the outer step across workers
+//   }
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/core/error.hpp"
+#include "trident/optim/optimizers.hpp"
+
+namespace trident::local_sgd {
+
+struct diloco_options {
+  int inner_steps = 100;  // H
+  //! The outer optimizer (the paper's: Nesterov momentum 0.9, lr 0.7).
+  optim::sgd outer{{.lr = 0.7f, .momentum = 0.9f, .nesterov = true}};
+  int fragments = 1;      // F: streaming DiLoCo when > 1
+  int overlap = 0;        // tau: inner steps between starting a fragment's all-reduce and applying it
+  float mixing = 0.0f;    // alpha: fragment = alpha local + (1 - alpha) global, when it lands
+  bool broadcast_initial = true;  // start every worker from rank 0's values
+};
+
+template <communicator Comm>
+  requires Comm::space::host_accessible
+class diloco {
+ public:
+  diloco(Comm& across, std::vector<std::span<float>> params, diloco_options o = {})
+      : across_(&across), params_(std::move(params)), o_(o) {
+    TRIDENT_EXPECT(o_.inner_steps >= 1, "local_sgd::diloco: inner_steps (H) is ", o_.inner_steps, "; expected >= 1");
+    TRIDENT_EXPECT(o_.fragments >= 1 && o_.fragments <= o_.inner_steps, "local_sgd::diloco: ", o_.fragments,
+                   " fragments; expected 1..inner_steps (", o_.inner_steps, "), one sync step each");
+    TRIDENT_EXPECT(o_.overlap >= 0 && o_.overlap < o_.inner_steps, "local_sgd::diloco: overlap ", o_.overlap,
+                   "; expected 0..inner_steps - 1 (", o_.inner_steps - 1, ")");
+    TRIDENT_EXPECT(o_.mixing >= 0.0f && o_.mixing <= 1.0f, "local_sgd::diloco: mixing ", o_.mixing, "; expected in [0, 1]");
+    std::size_t n = 0;
+    for (auto s : params_) n += s.size();
+    TRIDENT_EXPECT(n >= static_cast<std::size_t>(o_.fragments), "local_sgd::diloco: ", n, " parameters do not split into ",
+                   o_.fragments, " fragments");
+    global_.resize(n);
+    gather(0, n, global_.data());
+    if (o_.broadcast_initial) {
+      across_->broadcast(global_, 0);
+      scatter(0, n, global_.data());
+    }
+    momentum_.assign(n, 0.0f);
+    outer_steps_.assign(static_cast<std::size_t>(o_.fragments), 0);
+  }
+  diloco(const diloco&) = delete;
+  diloco& operator=(const diloco&) = delete;
+  ~diloco() {
+    for (auto& f : flights_) {
+      try {
+        if (f.request) f.request->wait();
+      } catch (...) {
+      }
+    }
+  }
+
+  //! After each inner step (on every rank of every worker): starts the all-reduce of the
+  //! fragments due now and applies those due `overlap` steps after theirs. Returns how many
+  //! fragments' outer steps were applied.
+  int step() {
+    ++t_;
+    for (int p = 0; p < o_.fragments; ++p) {
+      const std::int64_t offset = static_cast<std::int64_t>(p) * o_.inner_steps / o_.fragments;
+      if (t_ < std::max<std::int64_t>(offset, 1) || (t_ - offset) % o_.inner_steps != 0) continue;
+      const auto [begin, end] = fragment(p);
+      flight f{p, t_ + o_.overlap, std::vector<float>(end - begin), {}};
+      gather(begin, end, f.delta.data());
+      for (std::size_t i = 0; i < f.delta.size(); ++i) f.delta[i] = global_[begin + i] - f.delta[i];
+      f.request.emplace(across_->all_reduce_async(f.delta, reduce_op::avg));
+      flights_.push_back(std::move(f));
+    }
+    int applied = 0;
+    while (!flights_.empty() && flights_.front().apply_at <= t_) {
+      apply(flights_.front());
+      flights_.pop_front();
+      ++applied;
+    }
+    return applied;
+  }
+
+  std::int64_t inner_steps_taken() const noexcept { return t_; }
+  //! theta_global: the parameters as of the last outer steps.
+  std::span<const float> global() const noexcept { return global_; }
+  //! Elements [begin, end) of the flat parameters (the spans one after another) form fragment p.
+  std::pair<std::size_t, std::size_t> fragment(int p) const noexcept {
+    const std::size_t n = global_.size(), f = static_cast<std::size_t>(o_.fragments);
+    return {n * static_cast<std::size_t>(p) / f, n * (static_cast<std::size_t>(p) + 1) / f};
+  }
+
+ private:
+  using request_type = decltype(std::declval<Comm&>().all_reduce_async(std::declval<std::vector<float>&>(), reduce_op::avg));
+  struct flight {
+    int fragment;
+    std::int64_t apply_at;
+    std::vector<float> delta;
+    std::optional<request_type> request;
+  };
+
+  void apply(flight& f) {
+    f.request->wait();
+    const auto [begin, end] = fragment(f.fragment);
+    const std::size_t n = end - begin;
+    auto& count = outer_steps_[static_cast<std::size_t>(f.fragment)];
+    o_.outer.step(std::span<float>(global_.data() + begin, n), std::span<const float>(f.delta),
+                  {std::span<float>(momentum_.data() + begin, n)}, ++count);
+    if (o_.overlap == 0 || o_.mixing == 0.0f) {
+      scatter(begin, end, global_.data() + begin);
+      return;
+    }
+    std::vector<float> local(n);
+    gather(begin, end, local.data());
+    for (std::size_t i = 0; i < n; ++i) local[i] = o_.mixing * local[i] + (1.0f - o_.mixing) * global_[begin + i];
+    scatter(begin, end, local.data());
+  }
+
+  // Flat elements [begin, end) of the parameters out of, or into, the spans.
+  template <class F>
+  void each(std::size_t begin, std::size_t end, F&& f) {
+    std::size_t at = 0;
+    for (auto s : params_) {
+      const std::size_t lo = std::max(begin, at), hi = std::min(end, at + s.size());
+      if (lo < hi) f(s.data() + (lo - at), lo - begin, hi - lo);
+      at += s.size();
+    }
+  }
+  void gather(std::size_t begin, std::size_t end, float* out) {
+    each(begin, end, [&](float* p, std::size_t o, std::size_t n) { std::copy(p, p + n, out + o); });
+  }
+  void scatter(std::size_t begin, std::size_t end, const float* in) {
+    each(begin, end, [&](float* p, std::size_t o, std::size_t n) { std::copy(in + o, in + o + n, p); });
+  }
+
+  Comm* across_;
+  std::vector<std::span<float>> params_;
+  diloco_options o_;
+  std::vector<float> global_, momentum_;
+  std::vector<std::int64_t> outer_steps_;
+  std::deque<flight> flights_;
+  std::int64_t t_ = 0;
+};
+
+//! The fp32 values a full_precision zero_optimizer holds and updates in place (its working
+//! weights, every range this rank holds: whole tensors in stages 0-2), as diloco takes them.
+//! Stage 3 gathers its parameters for forward and backward, so it is not offered here.
+//!
+//!   zero::zero_optimizer<1, optim::adamw, local_comm> inner(workers, spec, adamw);
+//!   local_sgd::diloco<local_comm> outer(across, local_sgd::parameters_of(inner), {.inner_steps = 100});
+template <class Zero>
+  requires std::same_as<typename Zero::half_type, float>
+std::vector<std::span<float>> parameters_of(Zero& z) {
+  static_assert(Zero::stage < 3, "local_sgd::parameters_of: stage 3 keeps only a shard of the parameters, gathered for use");
+  std::vector<std::span<float>> out;
+  for (const auto& f : z.state_fields()) {
+    if (f.name != "parameters") continue;
+    for (const auto& r : f.held) out.emplace_back(static_cast<float*>(f.data) + r.at, r.count);
+  }
+  return out;
+}
+
+}  // namespace trident::local_sgd

@@ -1,0 +1,9 @@
+# Gradient compression (compress/): the reducers through zero_optimizer on a network that counts
+# bytes (comm/slow_link.hpp), on thread ranks.
+trident_add_test(compress.local SOURCES compress/test_compress.cpp LIBRARIES Threads::Threads LABELS compress local TIMEOUT 600)
+target_include_directories(test_compress_local PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+if(TARGET trident::mpi AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+  trident_add_test(compress.mpi SOURCES compress/test_compress_mpi.cpp LIBRARIES trident::mpi Threads::Threads MPI_RANKS 4
+                   LABELS compress mpi TIMEOUT 600)
+  target_include_directories(test_compress_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+endif()
