@@ -65,6 +65,7 @@
 #include "trident/offload/store.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
 #include "trident/parallel/local_sgd/diloco.hpp"
+#include "trident/parallel/ps/parameter_server.hpp"
 #include "trident/parallel/pipeline/partition.hpp"
 #include "trident/parallel/pipeline/pipeline.hpp"
 #include "trident/parallel/pipeline/schedule.hpp"
