@@ -82,6 +82,7 @@ TEST_CASE("compress: PowerSGD at full rank equals the plain all-reduce; at rank 
   const auto plain = train_with<0>(4, maker<compress::exact>());
   compress::powersgd_options full;
   full.rank = 64;  // above every side of the MLP's matrices: P Q^T is the average exactly
+  full.clamp_rank = true;
   full.start_iter = 2;
   full.min_compression_rate = 0;
   for (bool feedback : {true, false}) {
@@ -158,6 +159,16 @@ TEST_CASE("compress: bad options and a reducer swapped mid-step are usage errors
   p.rank = 1;
   p.start_iter = -1;
   CHECK_THROWS_WITH_AS(compress::powersgd{p}, doctest::Contains("start_iter -1"), trident::usage_error);
+  // A rank above a matrix's side: an error naming the tensor (when compression starts), unless
+  // clamped as PyTorch does.
+  p.start_iter = 0;
+  p.rank = 5;  // l2.weight is 4 x 24
+  CHECK_THROWS_WITH_AS(train_with<0>(2, maker<compress::powersgd>(p)),
+                       doctest::Contains("the gradient reducer refused bucket 2 of 3: compress::powersgd: rank 5 is above the "
+                                         "smaller side of tensor 'l2.weight' (4 x 24)"),
+                       trident::usage_error);
+  p.clamp_rank = true;
+  CHECK_NOTHROW(train_with<0>(2, maker<compress::powersgd>(p)));
   compress::onebit_options b;
   b.warmup = -3;
   CHECK_THROWS_WITH_AS(compress::onebit{b}, doctest::Contains("warmup -3"), trident::usage_error);

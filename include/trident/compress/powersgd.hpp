@@ -48,6 +48,9 @@ struct powersgd_options {
   bool warm_start = true;             // warm_start: reuse last step's Q
   float orthogonalization_epsilon = 0.0f;
   std::uint64_t seed = 0;             // random_seed: the first Q
+  //! A rank above a matrix's smaller side (a matrix, not a vector: both sides > 1): false, a
+  //! usage error naming it; true, PyTorch's silent min(rows, cols, rank).
+  bool clamp_rank = false;
 };
 
 namespace detail {
@@ -165,6 +168,9 @@ class powersgd {
     std::size_t p_size = 0, q_size = 0, u_size = 0;
     for (std::size_t i = 0; i < b.tensors.size(); ++i) {
       const tensor_part& t = b.tensors[i];
+      TRIDENT_EXPECT(o_.clamp_rank || t.rows == 1 || t.cols == 1 || o_.rank <= std::min(t.rows, t.cols), "compress::powersgd: rank ",
+                     o_.rank, " is above the smaller side of tensor '", t.name, "' (", t.rows, " x ", t.cols,
+                     "); expected a rank <= ", std::min(t.rows, t.cols), ", or clamp_rank = true (PyTorch's min(rows, cols, rank))");
       const std::size_t r = std::min({t.rows, t.cols, o_.rank});
       before_ += t.numel();
       if (static_cast<double>((t.rows + t.cols) * r) * o_.min_compression_rate < static_cast<double>(t.numel())) {

@@ -1084,7 +1084,15 @@ class zero_optimizer {
     space_span<half_type, space> whole(data, k.size);
     if (reducer_) {
       // Every stage reduces the whole bucket through it; stages 2-3 then keep their piece.
-      bucket_collective(b, false, true, [&] { reducer_(*comm_, {b, whole, bucket_tensors_[b], op}); });
+      // Its own refusals (options that do not fit the model) are not a disagreement between
+      // ranks: every rank refuses alike, so they are passed on with the bucket named.
+      try {
+        reducer_(*comm_, {b, whole, bucket_tensors_[b], op});
+      } catch (const usage_error& e) {
+        throw usage_error(detail::concat("grad_ready on rank ", rank_, ": the gradient reducer refused bucket ", b, " of ",
+                                         layout_.buckets().size(), ": ", e.message()),
+                          e.operation(), e.where());
+      }
       pending_reduce_.push_back({b, std::move(copy), print, std::nullopt});
     } else if constexpr (!policy::shards_gradients) {
       auto request = bucket_collective(b, false, true, [&] { return comm_->all_reduce_async(whole, op); });
