@@ -75,6 +75,10 @@ struct train_options {
   std::size_t bucket_elements = 5'000'000, first_bucket_elements = 1'000'000;
   std::size_t persistence_threshold = 100'000;  // stage 3: buckets smaller than this stay gathered
   std::vector<std::string> train_files, val_files;
+  //! The slice of each global batch this rank reads: (index, count) of the data ranks; unset:
+  //! its data coordinate among the grid's d. Workers that train apart (DiLoCo: each worker a
+  //! grid of its own) set it so that they read different data.
+  std::optional<std::pair<int, int>> data_slice;
   long eval_every = 0;  // 0: no validation
   int eval_batches = 4;
   std::uint64_t seed = 1234;
@@ -242,7 +246,8 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
   pp::uniform_pipeline<gpt_stage, N> pipe(grid.pipeline(), [&](auto k) { return gpt_stage(rank, static_cast<int>(k)); });
   const auto schedule = make_schedule(o.schedule, p, m, static_cast<int>(N) / p);
 
-  trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, grid.data().rank(), d);
+  const int slice = o.data_slice ? o.data_slice->first : grid.data().rank(), slices = o.data_slice ? o.data_slice->second : d;
+  trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, slice, slices);
   std::optional<trident::data::shard_loader> val;
   if (o.eval_every > 0) {
     TRIDENT_EXPECT(!o.val_files.empty(), "train: a validation loss every ", o.eval_every, " steps needs validation shards");

@@ -45,8 +45,9 @@ inline trident::zero::zero_options options() {
 //! The MLP, `steps` steps of global batch `batch` on `comm`'s ranks (a slow_link_comm), each
 //! bucket reduced through `reducer` (nullptr: the plain reduction).
 template <int Stage, class Opt, class Net, class R, class Precision = trident::full_precision>
-run train(Net& comm, Opt opt, int steps, std::shared_ptr<R> reducer, std::size_t batch = 32, mlp::dims d = {}) {
-  trident::zero::zero_optimizer<Stage, Opt, Net, Precision> z(comm, mlp::spec(d), opt, options());
+run train(Net& comm, Opt opt, int steps, std::shared_ptr<R> reducer, std::size_t batch = 32, mlp::dims d = {},
+          trident::zero::zero_options zo = options()) {
+  trident::zero::zero_optimizer<Stage, Opt, Net, Precision> z(comm, mlp::spec(d), opt, zo);
   mlp::initialise(z, d);
   std::shared_ptr<metered<R>> meter;
   if (reducer) {

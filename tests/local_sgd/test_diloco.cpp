@@ -180,6 +180,49 @@ TEST_CASE("diloco: streaming sends one fragment at a time; overlap hides it behi
   CHECK(hidden == doctest::Approx(steps * 0.3).epsilon(0.01));
 }
 
+TEST_CASE("diloco: a worker of k ranks sends each fragment across once, bitwise as each rank sending all of it") {
+  // 2 workers (the clusters) of 2 data-parallel ranks each; the outer step either split over
+  // the worker's ranks (inside) or done by each of them on the whole model.
+  auto run = [](bool split) {
+    return local_world::run(4, [&](local_comm& c) {
+      net_type net(c.split(0, c.rank()), network(4), {.count_compute = false});
+      auto inside = net.split(net.cluster(), net.rank());
+      auto across = net.split(inside.rank(), net.cluster());
+      const mlp::dims d;
+      zero::zero_optimizer<1, optim::sgd, net_type> inner(inside, mlp::spec(d), plain_sgd(), compress_training::options());
+      mlp::initialise(inner, d);
+      local_sgd::diloco_options o;
+      o.inner_steps = 3;
+      o.fragments = 3;
+      auto outer = split ? local_sgd::diloco<net_type>(across, inside, local_sgd::parameters_of(inner), o)
+                         : local_sgd::diloco<net_type>(across, local_sgd::parameters_of(inner), o);
+      net.reset_wire();
+      for (int s = 0; s < 9; ++s) {
+        mlp::train_step(inner, d, static_cast<std::size_t>(s * 32 + c.rank() * 8), 8, 8);
+        inner.step();
+        outer.step();
+      }
+      outcome out;
+      for (auto sp : local_sgd::parameters_of(inner)) out.parameters.insert(out.parameters.end(), sp.begin(), sp.end());
+      out.across_bytes = net.wire().across.bytes;
+      return out;
+    });
+  };
+  const auto split = run(true), whole = run(false);
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(split[r].parameters == whole[r].parameters);
+    CHECK(split[r].parameters == split[r & ~std::size_t{1}].parameters);  // the worker's ranks agree
+  }
+  std::uint64_t a = 0, b = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    a += split[r].across_bytes;
+    b += whole[r].across_bytes;
+  }
+  MESSAGE("across the slow link in 9 steps: ", a, " bytes split over the worker, ", b, " bytes whole");
+  CHECK(2 * a <= b + 64);
+  CHECK(2 * a + 64 >= b);
+}
+
 TEST_CASE("diloco: bad options are usage errors naming them") {
   local_world::run(2, [](local_comm& c) {
     std::vector<float> p(10);

@@ -20,6 +20,7 @@
 //   trident::hierarchical_all_reduce<trident::local_comm> h(comm, cluster_of);
 //   h(grads, trident::reduce_op::avg);                          // = comm.all_reduce(grads, avg)
 #include <cstddef>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -70,22 +71,21 @@ class hierarchical_all_reduce {
   }
   Comm split_across(Comm& comm, std::span<const int> cluster_of) {
     const int me = comm.rank();
-    std::vector<int> sizes;
-    for (int c : cluster_of) {
-      if (static_cast<std::size_t>(c) >= sizes.size()) sizes.resize(static_cast<std::size_t>(c) + 1, 0);
-      ++sizes[static_cast<std::size_t>(c)];
-    }
-    int k = 0;
+    std::map<int, int> sizes;  // cluster id -> ranks (ids may be any non-negative ints)
+    for (int c : cluster_of) ++sizes[c];
+    const int k = sizes.begin()->second;
     equal_ = true;
-    for (int s : sizes) {
-      if (s == 0) continue;
-      if (k == 0) k = s;
-      equal_ = equal_ && s == k;
+    for (const auto& [id, n] : sizes) equal_ = equal_ && n == k;
+    // Ordered by cluster, so that every rank of the across group agrees on its order: the
+    // cluster's place among the ids, then the rank.
+    int place = 0;
+    for (const auto& [id, n] : sizes) {
+      if (id == cluster_of[static_cast<std::size_t>(me)]) break;
+      ++place;
     }
-    const int local = inside_.rank(), cluster = cluster_of[static_cast<std::size_t>(me)];
-    // Ordered by cluster id, so that every rank of the across group agrees on its order.
-    if (equal_) return comm.split(local, cluster);
-    return comm.split(local == 0 ? 0 : 1, cluster * comm.size() + me);
+    const int local = inside_.rank();
+    if (equal_) return comm.split(local, place);
+    return comm.split(local == 0 ? 0 : 1, place * comm.size() + me);
   }
 
   template <class T>
@@ -114,15 +114,21 @@ class hierarchical_all_reduce {
 
   template <class T>
   void leaders(space_span<T, space> d, reduce_op op) {
-    // avg does not compose over groups of different sizes: sum, then divide by the world.
+    // avg does not compose over groups of different sizes: the sum, divided by the world after
+    // (fp16/bf16: each input scaled by 1 / world before, so that the sum cannot overflow, as
+    // the backends' own avg does).
     const reduce_op level = op == reduce_op::avg ? reduce_op::sum : op;
     TRIDENT_EXPECT(op != reduce_op::avg || space::host_accessible, "hierarchical_all_reduce: avg over clusters of different "
-                   "sizes needs host memory (it divides after the sum); on ", space::name, " memory use sum and scale");
+                   "sizes needs host memory (it scales on the host); on ", space::name, " memory use sum and scale");
+    constexpr dtype type = dtype_of<std::remove_const_t<T>>;
+    if constexpr (space::host_accessible) {
+      if (detail::premultiplied_avg(type, op)) detail::host_prescale(type, d.data(), d.data(), d.size(), world_);
+    }
     inside_.reduce(d, d, 0, level);
     if (inside_.rank() == 0) across_.all_reduce(d, level);
     inside_.broadcast(d, 0);
     if constexpr (space::host_accessible) {
-      if (op == reduce_op::avg) detail::host_divide(dtype_of<std::remove_const_t<T>>, d.data(), d.size(), world_);
+      if (op == reduce_op::avg && !detail::premultiplied_avg(type, op)) detail::host_divide(type, d.data(), d.size(), world_);
     }
   }
 

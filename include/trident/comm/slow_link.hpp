@@ -24,7 +24,8 @@
 // eight thread ranks on two cores each see the time their own work took), or only by advance()
 // when slow_link_options::count_compute is false. Links are per ordered pair of ranks: two
 // ranks of one cluster sending across at once do not share bandwidth (give `across` the
-// bandwidth each flow gets). The clock is shared by the communicators split from one rank's.
+// bandwidth each flow gets). The clock is shared by the communicators split from one rank's,
+// which are therefore used from one thread (two threads at once are refused).
 //
 // Results are reduced in a fixed order (ring: along the ring; direct: in rank order), so every
 // rank holds the same bits. Data moves before a call returns; an asynchronous form's request
@@ -42,6 +43,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -145,6 +147,7 @@ struct sim_clock {
   bool count_compute = true;
   std::vector<double> link_free;  // per world rank: when the link to it is next free
   wire_counters wire;
+  std::atomic<bool> busy{false};  // a call is in progress (see slow_link_comm::accounting)
 
   // The rank's compute since the last call.
   void catch_up() noexcept {
@@ -288,10 +291,19 @@ class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
 
   // The clock takes in the rank's compute on entry and starts counting it again on exit (the
   // time spent inside, waiting on Inner, is not compute).
+  // One thread at a time per rank: the clock is one rank's (its thread's CPU time), shared by the
+  // communicators split from it, so two threads calling at once are refused, not mixed up.
   struct accounting {
     detail::sim_clock& c;
-    explicit accounting(detail::sim_clock& clock) : c(clock) { c.catch_up(); }
-    ~accounting() { c.pause(); }
+    explicit accounting(detail::sim_clock& clock) : c(clock) {
+      TRIDENT_EXPECT(c.busy.exchange(true) == false, "slow_link_comm: called from two threads at once on one rank; its "
+                     "simulated clock is one thread's (use it, and the communicators split from it, from one thread)");
+      c.catch_up();
+    }
+    ~accounting() {
+      c.pause();
+      c.busy.store(false);
+    }
   };
 
   struct message {
@@ -383,6 +395,7 @@ class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
         m.push_back({false, static_cast<int>(j), scratch.data() + j * largest * e, k.size(me) * e, c.type});
       }
       transfer(m);
+      if (k.size(me) == 0) return;
       std::memcpy(scratch.data() + me * largest * e, at(work, k.begin(me) * e), k.size(me) * e);
       std::byte* acc = static_cast<std::byte*>(at(work, k.begin(me) * e));
       std::memcpy(acc, scratch.data(), k.size(me) * e);
@@ -494,7 +507,8 @@ class slow_link_comm : public collectives<slow_link_comm<Inner>, host_space> {
     for (int j = 0; j < n; ++j)
       if (j != me) m.push_back({false, j, all.data() + static_cast<std::size_t>(j) * bytes, bytes, c.type});
     transfer(m);
-    if (bytes != 0) std::memcpy(all.data() + static_cast<std::size_t>(me) * bytes, mine.data(), bytes);
+    if (bytes == 0) return;
+    std::memcpy(all.data() + static_cast<std::size_t>(me) * bytes, mine.data(), bytes);
     std::memmove(c.recv, all.data(), bytes);
     for (int j = 1; j < n; ++j) combine(c, c.recv, all.data() + static_cast<std::size_t>(j) * bytes, c.send_count);
     finish_avg(c, c.recv, c.send_count);

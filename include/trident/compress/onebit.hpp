@@ -16,16 +16,23 @@
 // fewer (16x against bf16 gradients). Without error feedback (error_feedback = false) what the
 // signs lose is lost for good; the tests and the slow-link study show the difference.
 //
-// 1-bit Adam itself compresses Adam's momentum, with the variance frozen after its warm-up; this
-// reducer compresses whatever the optimizer is handed, the gradients (error-feedback sign
-// compression, as 1-bit SGD), which pairs with SGD with momentum.
+// What is compressed: the gradients (momentum = 0: error-feedback sign compression as in 1-bit
+// SGD, which pairs with SGD with momentum), or, as 1-bit Adam does, Adam's first moment
+// (momentum = beta1, with compress::onebit_adam below: the variance frozen after the warm-up,
+// each rank's momentum beta1 m + (1 - beta1) g compressed and averaged, and handed to the
+// optimizer as the gradient that makes its first moment that average). Adam fed compressed
+// gradients instead sees their noise in its second moment, and error feedback then hurts
+// (bench/RESULTS.md, "Less communication").
 //
 //   trident::compress::onebit_options o;
 //   o.warmup = 50;
 //   zero.reduce_gradients_with(std::make_shared<trident::compress::onebit>(o));
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <ranges>
+#include <span>
 #include <vector>
 
 #include "trident/compress/reducer.hpp"
@@ -36,6 +43,9 @@ namespace trident::compress {
 struct onebit_options {
   std::int64_t warmup = 100;  // plain all-reduces of a bucket before compression starts
   bool error_feedback = true;
+  //! 0: compress the gradients. beta1 in (0, 1): 1-bit Adam, with compress::onebit_adam of the
+  //! same beta1 and freeze_step = warmup: compress this rank's first moment instead.
+  float momentum = 0.0f;
 };
 
 namespace detail {
@@ -64,6 +74,8 @@ class onebit {
  public:
   explicit onebit(onebit_options o = {}) : o_(o) {
     TRIDENT_EXPECT(o_.warmup >= 0, "compress::onebit: warmup ", o_.warmup, "; expected >= 0");
+    TRIDENT_EXPECT(o_.momentum >= 0.0f && o_.momentum < 1.0f, "compress::onebit: momentum ", o_.momentum,
+                   "; expected 0 (compress the gradients) or a beta1 in (0, 1) (1-bit Adam)");
   }
   const onebit_options& options() const noexcept { return o_; }
 
@@ -71,17 +83,63 @@ class onebit {
   void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
     static_assert(Comm::space::host_accessible, "trident::compress::onebit works on host memory (thread ranks, MPI)");
     bucket& s = state(b.index);
-    if (s.iter < o_.warmup) {
+    const bool momentum = o_.momentum > 0.0f;
+    TRIDENT_EXPECT(!momentum || b.op == reduce_op::avg, "compress::onebit: 1-bit Adam's momentum is an average; the optimizer "
+                   "sums gradients (zero_options::average = false)");
+    TRIDENT_EXPECT(!momentum || b.step == 0 || b.step != s.last_step, "compress::onebit: bucket ", b.index, " came twice for step ",
+                   b.step, "; 1-bit Adam's momentum advances once per step (ZeRO stages 2-3 reduce every micro-batch: use stage "
+                   "0 or 1 with gradient accumulation)");
+    s.last_step = b.step;
+    if ((b.step > 0 ? b.step - 1 : s.iter) < o_.warmup) {  // steps before this one (or calls)
       ++s.iter;
       space_span<T, typename Comm::space> data = b.data;
       comm.all_reduce(data, b.op);
+      if (momentum) {  // the optimizer's first moment, followed to hand over at the freeze
+        const std::vector<float> g = detail::floats_of(b);
+        if (s.m.size() != g.size()) s.m.assign(g.size(), 0.0f);
+        for (std::size_t i = 0; i < g.size(); ++i) s.m[i] = o_.momentum * s.m[i] + (1.0f - o_.momentum) * g[i];
+      }
       return;
     }
     ++s.iter;
-    // The tensors' elements, one after another (the bucket's padding stays out, and 0).
     const std::vector<float> all = detail::floats_of(b);
+    std::vector<float> x = all;
+    if (momentum) {
+      // 1-bit Adam: this rank's momentum from the last averaged one, compressed and averaged.
+      if (s.m.size() != x.size()) s.m.assign(x.size(), 0.0f);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = o_.momentum * s.m[i] + (1.0f - o_.momentum) * all[i];
+    }
+    std::vector<float> out = compressed_average(comm, s, x, b.tensors);
+    if (b.op == reduce_op::sum)
+      for (float& v : out) v *= static_cast<float>(comm.size());
+    if (momentum) {
+      // Handed to the optimizer as the "gradient" that turns its first moment into the average:
+      // m = beta1 m_last + (1 - beta1) g.
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        const float m = out[i];
+        out[i] = (m - o_.momentum * s.m[i]) / (1.0f - o_.momentum);
+        s.m[i] = m;
+      }
+    }
+    detail::store(b, out);
+  }
+
+ private:
+  struct bucket {
+    std::int64_t iter = 0, last_step = 0;
+    std::vector<float> worker, server, m;
+  };
+  bucket& state(std::size_t index) {
+    if (index >= buckets_.size()) buckets_.resize(index + 1);
+    return buckets_[index];
+  }
+
+  // DeepSpeed's compressed_allreduce of the bucket's tensor elements (the padding stays out and
+  // comes back 0): the average over ranks, on every rank alike.
+  template <class Comm>
+  std::vector<float> compressed_average(Comm& comm, bucket& s, const std::vector<float>& all, std::span<const tensor_part> tensors) {
     std::vector<float> x;
-    for (const tensor_part& t : b.tensors)
+    for (const tensor_part& t : tensors)
       x.insert(x.end(), all.begin() + static_cast<std::ptrdiff_t>(t.offset), all.begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel()));
     const std::size_t ranks = static_cast<std::size_t>(comm.size()), n = x.size();
     const std::size_t unit = 8 * ranks, padded = (n + unit - 1) / unit * unit, chunk = padded / ranks;
@@ -122,27 +180,75 @@ class onebit {
     comm.all_gather(server_signs, all_signs);
     std::vector<float> server_scales(ranks);
     comm.all_gather(std::span<const float>(&server_scale, 1), server_scales);
-    // The average (times ranks for a sum), on every rank alike.
-    const float factor = b.op == reduce_op::avg ? 1.0f : static_cast<float>(ranks);
     std::vector<float> out(all.size(), 0.0f);
     std::size_t i = 0;
-    for (const tensor_part& t : b.tensors)
-      for (std::size_t e = 0; e < t.numel(); ++e, ++i) out[t.offset + e] = detail::sign_at(all_signs.data(), i) * server_scales[i / chunk] * factor;
-    detail::store(b, out);
-  }
-
- private:
-  struct bucket {
-    std::int64_t iter = 0;
-    std::vector<float> worker, server;
-  };
-  bucket& state(std::size_t index) {
-    if (index >= buckets_.size()) buckets_.resize(index + 1);
-    return buckets_[index];
+    for (const tensor_part& t : tensors)
+      for (std::size_t e = 0; e < t.numel(); ++e, ++i) out[t.offset + e] = detail::sign_at(all_signs.data(), i) * server_scales[i / chunk];
+    return out;
   }
 
   onebit_options o_;
   std::vector<bucket> buckets_;
+};
+
+//! 1-bit Adam's optimizer (DeepSpeed's OnebitAdam): Adam whose second moment stops changing
+//! after `freeze_step` steps, with decoupled weight decay. Unlike DeepSpeed's it keeps Adam's
+//! bias corrections (the second moment's as of the freeze): DeepSpeed's warm-ups of thousands
+//! of steps make them 1, but after a short one the uncorrected second moment is far too small
+//! and the steps blow up (seen: NaN after a warm-up of 4 steps). A second moment still 0 at the
+//! freeze keeps learning until it is not (else a unit's first gradient after the freeze would
+//! move it by lr x m / eps: seen on the test MLP, whose dead units revive). Paired with compress::onebit{.warmup = freeze_step, .momentum = beta1}, which
+//! from then on averages the first moment itself (compressed) and hands it over: the frozen
+//! variance keeps the compression noise out of the step's scale. After the freeze the gradient
+//! multiplier (clipping, loss-scale) is not applied: what arrives is the averaged momentum.
+//! A plain host loop (no CUDA step).
+//!
+//!   compress::onebit_adam adam{{.lr = 1e-3f, .freeze_step = 100}};
+//!   zero::zero_optimizer<0, compress::onebit_adam, Comm> z(comm, spec, adam);
+//!   z.reduce_gradients_with(std::make_shared<compress::onebit>(compress::onebit_options{.warmup = 100, .momentum = 0.9f}));
+struct onebit_adam {
+  struct options {
+    float lr = 1e-3f;
+    float beta1 = 0.9f, beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 0.0f;
+    std::int64_t freeze_step = 100;
+  };
+  options opt;
+  static constexpr std::size_t state_count = 2;  // exp_avg, exp_avg_sq
+
+  template <class Grad, class Working = float>
+  void step(std::span<float> params, std::span<const Grad> grads, std::array<std::span<float>, state_count> state,
+            std::int64_t step_number, float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    TRIDENT_EXPECT(opt.lr >= 0 && opt.eps >= 0 && opt.weight_decay >= 0 && opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 &&
+                       opt.beta2 < 1 && opt.freeze_step >= 0,
+                   "compress::onebit_adam: lr ", opt.lr, ", betas (", opt.beta1, ", ", opt.beta2, "), eps ", opt.eps, ", weight_decay ",
+                   opt.weight_decay, ", freeze_step ", opt.freeze_step, "; expected lr, eps, weight_decay >= 0, betas in [0, 1)");
+    const bool frozen = step_number > opt.freeze_step;
+    const float multiplier = frozen ? 1.0f : grad_multiplier;
+    const std::int64_t v_steps = std::min(step_number, opt.freeze_step);
+    const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt.beta1), static_cast<double>(step_number)));
+    const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt.beta2), static_cast<double>(std::max<std::int64_t>(v_steps, 1))));
+    float* m = state[0].data();
+    float* v = state[1].data();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const float g = static_cast<float>(grads[i]) * multiplier;
+      m[i] = opt.beta1 * m[i] + (1.0f - opt.beta1) * g;
+      // A second moment still 0 at the freeze (the gradient was 0 until then: a dead unit, an
+      // unseen token) is not frozen until it has seen one: frozen at 0, the first nonzero
+      // gradient would take a step of m / eps.
+      if (!frozen || v[i] == 0.0f) v[i] = opt.beta2 * v[i] + (1.0f - opt.beta2) * g * g;
+      const float update = (m[i] / c1) / (std::sqrt(v[i] / c2) + opt.eps) + opt.weight_decay * params[i];
+      params[i] -= opt.lr * update;
+      if (!working_copy.empty()) working_copy[i] = static_cast<Working>(params[i]);
+    }
+  }
+  template <class Grads, class Working = float>
+    requires std::ranges::contiguous_range<Grads>
+  void step(std::span<float> params, const Grads& grads, std::array<std::span<float>, state_count> state, std::int64_t step_number,
+            float grad_multiplier = 1.0f, std::span<Working> working_copy = {}) const {
+    step(params, std::span<const std::ranges::range_value_t<Grads>>(grads), state, step_number, grad_multiplier, working_copy);
+  }
 };
 
 }  // namespace trident::compress

@@ -144,7 +144,7 @@ class powersgd {
   void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
     static_assert(Comm::space::host_accessible, "trident::compress::powersgd works on host memory (thread ranks, MPI)");
     bucket& s = state(b.index);
-    if (s.iter < o_.start_iter) {
+    if ((b.step > 0 ? b.step - 1 : s.iter) < o_.start_iter) {  // steps before this one (or calls)
       ++s.iter;
       space_span<T, typename Comm::space> data = b.data;
       comm.all_reduce(data, b.op);
@@ -198,7 +198,9 @@ class powersgd {
     for (const matrix& x : compressed) {
       float* q = s.q.data() + x.q_at;
       if (fresh) {
-        const std::uint64_t key = detail::splitmix64(detail::splitmix64(o_.seed ^ (b.index << 32)) ^ x.index) << 24;
+        // Without warm starts PyTorch draws a new start every step: the step goes into the key.
+        const std::uint64_t draw = o_.warm_start ? 0 : static_cast<std::uint64_t>(s.iter);
+        const std::uint64_t key = detail::splitmix64(detail::splitmix64(detail::splitmix64(o_.seed ^ (b.index << 32)) ^ x.index) ^ draw) << 24;
         for (std::size_t e = 0; e < x.t->cols * x.r; ++e) q[e] = detail::normal(key + e);
       }
       detail::orthogonalize(q, x.t->cols, x.r, o_.orthogonalization_epsilon);
@@ -252,8 +254,12 @@ class powersgd {
                 out.begin() + static_cast<std::ptrdiff_t>(t->offset));
       at += t->numel();
     }
-    if (o_.error_feedback)
-      for (std::size_t i = 0; i < m.size(); ++i) s.error[i] = m[i] - out[i];
+    // The error is this rank's input less its share of the result: the average itself, or a
+    // sum's 1/ranks.
+    if (o_.error_feedback) {
+      const float share = avg ? 1.0f : 1.0f / ranks;
+      for (std::size_t i = 0; i < m.size(); ++i) s.error[i] = m[i] - out[i] * share;
+    }
     if (!o_.warm_start) s.q.clear();
     detail::store(b, out);
   }

@@ -49,6 +49,10 @@ struct bucket_view {
   space_span<T, Space> data;             // this rank's gradients in, the reduced ones out
   std::span<const tensor_part> tensors;  // in bucket order
   reduce_op op = reduce_op::avg;         // sum or avg over the ranks
+  //! The optimizer step these gradients are for (1-based; 0: not said). ZeRO stages 2-3 reduce
+  //! each micro-batch, so with gradient accumulation a bucket comes several times per step:
+  //! warm-ups count steps, not calls.
+  std::int64_t step = 0;
 };
 
 //! A type that can stand in for the all-reduce of a gradient bucket (see the header comment).

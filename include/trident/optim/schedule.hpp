@@ -283,7 +283,9 @@ struct scheduled : Opt {
     // step(params, grads, state, step_number, ...): the step number is the fourth argument.
     forward_step(std::forward_as_tuple(std::forward<Args>(args)...), std::index_sequence_for<Args...>{});
   }
+  // Only where Opt has one (an optimizer without it, a plain host loop, stays usable).
   template <class F>
+    requires requires(const Opt& o, std::int64_t t, F&& f) { o.visit_update(t, std::forward<F>(f)); }
   decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
     return at(step_number).visit_update(step_number, std::forward<F>(f));
   }

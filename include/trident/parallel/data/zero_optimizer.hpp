@@ -1087,7 +1087,7 @@ class zero_optimizer {
       // Its own refusals (options that do not fit the model) are not a disagreement between
       // ranks: every rank refuses alike, so they are passed on with the bucket named.
       try {
-        reducer_(*comm_, {b, whole, bucket_tensors_[b], op});
+        reducer_(*comm_, {b, whole, bucket_tensors_[b], op, step_count_ + 1});
       } catch (const usage_error& e) {
         throw usage_error(detail::concat("grad_ready on rank ", rank_, ": the gradient reducer refused bucket ", b, " of ",
                                          layout_.buckets().size(), ": ", e.message()),

@@ -24,6 +24,10 @@
 // (1 - mixing) * theta_global, so the tau steps of local progress are not thrown away when
 // mixing > 0.
 //
+// A worker of k data-parallel ranks (the constructor with `inside`) sends each fragment across
+// once, not k times: each rank all-reduces its 1/k across workers and the k share the results by
+// an all-gather inside the worker (fast links).
+//
 // The parameters are spans of this rank's fp32 values that the inner optimizer updates in
 // place: with zero_optimizer, the working weights of a full_precision optimizer (state field
 // "parameters", every range it holds); ranks that hold the same part of the model in
@@ -63,8 +67,17 @@ template <communicator Comm>
   requires Comm::space::host_accessible
 class diloco {
  public:
-  diloco(Comm& across, std::vector<std::span<float>> params, diloco_options o = {})
-      : across_(&across), params_(std::move(params)), o_(o) {
+  diloco(Comm& across, std::vector<std::span<float>> params, diloco_options o = {}) : diloco(across, nullptr, std::move(params), o) {}
+  //! A worker of several ranks that hold the same parameters (a data-parallel group: `inside`):
+  //! each sends only its 1/k of every fragment across and the k share the outer results by an
+  //! all-gather inside the worker, so the slow link carries the model once per worker, not k
+  //! times. `across`: the ranks of the same `inside` rank in the other workers.
+  diloco(Comm& across, Comm& inside, std::vector<std::span<float>> params, diloco_options o = {})
+      : diloco(across, &inside, std::move(params), o) {}
+
+ private:
+  diloco(Comm& across, Comm* inside, std::vector<std::span<float>> params, diloco_options o)
+      : across_(&across), inside_(inside), params_(std::move(params)), o_(o) {
     TRIDENT_EXPECT(o_.inner_steps >= 1, "local_sgd::diloco: inner_steps (H) is ", o_.inner_steps, "; expected >= 1");
     TRIDENT_EXPECT(o_.fragments >= 1 && o_.fragments <= o_.inner_steps, "local_sgd::diloco: ", o_.fragments,
                    " fragments; expected 1..inner_steps (", o_.inner_steps, "), one sync step each");
@@ -84,6 +97,8 @@ class diloco {
     momentum_.assign(n, 0.0f);
     outer_steps_.assign(static_cast<std::size_t>(o_.fragments), 0);
   }
+
+ public:
   diloco(const diloco&) = delete;
   diloco& operator=(const diloco&) = delete;
   ~diloco() {
@@ -103,7 +118,7 @@ class diloco {
     for (int p = 0; p < o_.fragments; ++p) {
       const std::int64_t offset = static_cast<std::int64_t>(p) * o_.inner_steps / o_.fragments;
       if (t_ < std::max<std::int64_t>(offset, 1) || (t_ - offset) % o_.inner_steps != 0) continue;
-      const auto [begin, end] = fragment(p);
+      const auto [begin, end] = mine(p);
       flight f{p, t_ + o_.overlap, std::vector<float>(end - begin), {}};
       gather(begin, end, f.delta.data());
       for (std::size_t i = 0; i < f.delta.size(); ++i) f.delta[i] = global_[begin + i] - f.delta[i];
@@ -112,8 +127,10 @@ class diloco {
     }
     int applied = 0;
     while (!flights_.empty() && flights_.front().apply_at <= t_) {
-      apply(flights_.front());
+      // Out of the queue first: a failed all-reduce must not be applied later, unreduced.
+      flight f = std::move(flights_.front());
       flights_.pop_front();
+      apply(f);
       ++applied;
     }
     return applied;
@@ -137,13 +154,36 @@ class diloco {
     std::optional<request_type> request;
   };
 
+  // This rank's part of fragment p: all of it, or its 1/k (padded to k equal chunks) inside a
+  // worker of k ranks.
+  std::size_t chunk_of(int p) const noexcept {
+    const auto [begin, end] = fragment(p);
+    const std::size_t k = inside_ ? static_cast<std::size_t>(inside_->size()) : 1;
+    return (end - begin + k - 1) / k;
+  }
+  std::pair<std::size_t, std::size_t> mine(int p) const noexcept {
+    const auto [begin, end] = fragment(p);
+    if (!inside_) return {begin, end};
+    const std::size_t chunk = chunk_of(p), r = static_cast<std::size_t>(inside_->rank());
+    return {std::min(end, begin + r * chunk), std::min(end, begin + (r + 1) * chunk)};
+  }
+
   void apply(flight& f) {
     f.request->wait();
+    const auto [lo, hi] = mine(f.fragment);
+    auto& count = outer_steps_[static_cast<std::size_t>(f.fragment)];
+    o_.outer.step(std::span<float>(global_.data() + lo, hi - lo), std::span<const float>(f.delta),
+                  {std::span<float>(momentum_.data() + lo, hi - lo)}, ++count);
     const auto [begin, end] = fragment(f.fragment);
     const std::size_t n = end - begin;
-    auto& count = outer_steps_[static_cast<std::size_t>(f.fragment)];
-    o_.outer.step(std::span<float>(global_.data() + begin, n), std::span<const float>(f.delta),
-                  {std::span<float>(momentum_.data() + begin, n)}, ++count);
+    if (inside_) {
+      // Every rank of the worker gets every part of the new fragment.
+      const std::size_t chunk = chunk_of(f.fragment), k = static_cast<std::size_t>(inside_->size());
+      std::vector<float> part(chunk, 0.0f), all(chunk * k);
+      std::copy(global_.begin() + static_cast<std::ptrdiff_t>(lo), global_.begin() + static_cast<std::ptrdiff_t>(hi), part.begin());
+      inside_->all_gather(part, all);
+      std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), global_.begin() + static_cast<std::ptrdiff_t>(begin));
+    }
     if (o_.overlap == 0 || o_.mixing == 0.0f) {
       scatter(begin, end, global_.data() + begin);
       return;
@@ -172,6 +212,7 @@ class diloco {
   }
 
   Comm* across_;
+  Comm* inside_ = nullptr;
   std::vector<std::span<float>> params_;
   diloco_options o_;
   std::vector<float> global_, momentum_;

@@ -20,7 +20,11 @@
 //                       own (over a communicator of the servers and that worker), so a fast
 //                       worker is served while a slow one computes. s = 0 equals synchronous.
 // Communicators are used from one thread each; MPI needs MPI_THREAD_MULTIPLE (mpi_environment
-// asks for it). A failure in a server's thread ends serve() with it, after the others stop.
+// asks for it). A failure in a server's thread is rethrown by serve() once its other threads have
+// stopped: those waiting for the model to advance stop at once, but one blocked in a send or
+// receive with its worker waits for the backend to end it (a worker that failed too, the thread
+// backend's timeout, MPI's watchdog). Bounded staleness is not for slow_link_comm, whose clock
+// is one thread's.
 //
 //   trident::ps::parameter_server<trident::local_comm, trident::optim::adamw> ps(world, 1, initial, adamw, {.staleness = 2});
 //   if (ps.serving()) {
