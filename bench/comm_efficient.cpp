@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -236,7 +237,11 @@ int main(int argc, char** argv) try {
   // model averaging, local SGD).
   std::string outer;
   if (a.outer_lr == 1.0f && a.outer_momentum == 0.0f) outer = "-averaging";
-  else if (a.outer_lr != 0.7f || a.outer_momentum != 0.9f) outer = "-lr" + std::to_string(a.outer_lr) + "-m" + std::to_string(a.outer_momentum);
+  else if (a.outer_lr != 0.7f || a.outer_momentum != 0.9f) {
+    std::ostringstream f;
+    f << "-lr" << a.outer_lr << "-m" << a.outer_momentum;
+    outer = f.str();
+  }
   const std::string name = a.method + (a.method == "diloco" ? "-h" + std::to_string(a.inner) + outer : "") +
                            (a.method == "powersgd" ? "-r" + std::to_string(a.rank) : "") + (a.error_feedback ? "" : "-noef") +
                            (a.tag.empty() ? "" : "-" + a.tag);
