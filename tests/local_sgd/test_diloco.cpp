@@ -40,6 +40,27 @@ struct outcome {
   double seconds = 0;             // simulated time
 };
 
+// `steps` steps of the MLP on rank c's rows of each batch (`ranks` ranks of 8 rows each), then
+// `after()`; the losses averaged over every rank, the model, and what `net` counted.
+template <class Zero, class After>
+outcome run_steps(local_comm& c, Zero& z, int ranks, int steps, net_type& net, After after) {
+  const mlp::dims d;
+  outcome out;
+  const std::size_t rows = 8;
+  for (int s = 0; s < steps; ++s) {
+    const std::size_t first = static_cast<std::size_t>(s) * rows * static_cast<std::size_t>(ranks) + static_cast<std::size_t>(c.rank()) * rows;
+    std::vector<double> loss{mlp::train_step(z, d, first, rows, rows)};
+    z.step();
+    after();
+    c.all_reduce(loss, trident::reduce_op::avg);
+    out.losses.push_back(loss[0]);
+  }
+  for (auto p : local_sgd::parameters_of(z)) out.parameters.insert(out.parameters.end(), p.begin(), p.end());
+  out.across_bytes = net.wire().total().bytes;
+  out.seconds = net.now();
+  return out;
+}
+
 // `steps` inner steps of each worker (one rank each: the inner optimizer is a ZeRO-0 optimizer on
 // a communicator of one rank) on its own slice of the data, DiLoCo across the workers.
 template <class Opt>
@@ -52,21 +73,7 @@ std::vector<outcome> train_diloco(int workers, Opt inner_opt, local_sgd::diloco_
     mlp::initialise(inner, d);
     local_sgd::diloco<net_type> outer(across, local_sgd::parameters_of(inner), o);
     across.reset_wire();
-    outcome out;
-    const std::size_t rows = 8;
-    for (int s = 0; s < steps; ++s) {
-      const std::size_t first = static_cast<std::size_t>(s) * rows * static_cast<std::size_t>(workers) +
-                                static_cast<std::size_t>(c.rank()) * rows;
-      std::vector<double> loss{mlp::train_step(inner, d, first, rows, rows)};
-      inner.step();
-      outer.step();
-      c.all_reduce(loss, trident::reduce_op::avg);
-      out.losses.push_back(loss[0]);
-    }
-    for (auto s : local_sgd::parameters_of(inner)) out.parameters.insert(out.parameters.end(), s.begin(), s.end());
-    out.across_bytes = across.wire().total().bytes;
-    out.seconds = across.now();
-    return out;
+    return run_steps(c, inner, workers, steps, across, [&] { outer.step(); });
   });
 }
 
@@ -79,20 +86,7 @@ outcome train_dp(int ranks, Opt opt, int steps) {
     zero::zero_optimizer<0, Opt, net_type> z(net, mlp::spec(d), opt, compress_training::options());
     mlp::initialise(z, d);
     net.reset_wire();
-    outcome out;
-    const std::size_t rows = 8;
-    for (int s = 0; s < steps; ++s) {
-      const std::size_t first = static_cast<std::size_t>(s) * rows * static_cast<std::size_t>(ranks) +
-                                static_cast<std::size_t>(c.rank()) * rows;
-      std::vector<double> loss{mlp::train_step(z, d, first, rows, rows)};
-      z.step();
-      c.all_reduce(loss, trident::reduce_op::avg);
-      out.losses.push_back(loss[0]);
-    }
-    for (auto s : local_sgd::parameters_of(z)) out.parameters.insert(out.parameters.end(), s.begin(), s.end());
-    out.across_bytes = net.wire().total().bytes;
-    out.seconds = net.now();
-    return out;
+    return run_steps(c, z, ranks, steps, net, [] {});
   })[0];
 }
 

@@ -36,6 +36,7 @@
 
 #include "trident/compress/reducer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/model/init.hpp"
 
 namespace trident::compress {
 
@@ -55,12 +56,7 @@ struct powersgd_options {
 
 namespace detail {
 
-inline std::uint64_t splitmix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using trident::detail::splitmix64;  // model/init.hpp's, which draws the initial weights too
 //! A standard normal value for `key` (Box-Muller on two 53-bit uniforms in (0, 1]).
 inline float normal(std::uint64_t key) noexcept {
   const double u1 = (static_cast<double>(splitmix64(2 * key) >> 11) + 1.0) * 0x1.0p-53;
