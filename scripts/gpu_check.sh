@@ -9,6 +9,11 @@
 #
 #   bash scripts/gpu_check.sh            # exits non-zero when any step failed
 #   TRIDENT_GPU_CHECK_BUILD_ONLY=1 bash scripts/gpu_check.sh   # no GPU needed: configure + build
+#   TRIDENT_GPU_CHECK_PREBUILT=1 bash scripts/gpu_check.sh      # run what a build-only run left in
+#                                                               # $TRIDENT_GPU_BUILD (see below)
+#
+# To spend the GPU's time on running rather than compiling, build here with BUILD_ONLY, stage the
+# binaries with scripts/gpu_stage.sh and run PREBUILT there (the command is in that script).
 #
 # Nothing is installed: the GPU machine has the toolchain, the libraries and PyTorch already.
 # Every later feature with a CUDA path adds its tests (labels gpu/cuda/nccl are picked up by
@@ -31,7 +36,7 @@ step() {  # step NAME FIGURE_COMMAND -- COMMAND...: runs COMMAND, logs it, recor
   shift 3
   local log="$logs/${name//[^A-Za-z0-9_.-]/_}.log" start=$SECONDS status
   echo "== $name: $*"
-  "$@" >"$log" 2>&1
+  timeout "${TRIDENT_GPU_STEP_TIMEOUT:-900}" "$@" >"$log" 2>&1   # a hang costs one step, not the lease
   status=$?
   local seconds=$((SECONDS - start)) verdict=pass figure=""
   if [[ $status -eq 77 ]]; then verdict=skip
@@ -53,10 +58,24 @@ fi
 arch=${arch:-90}
 
 # ---- build for that GPU ------------------------------------------------------------------------
-step configure "" -- cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+[[ ${TRIDENT_GPU_CHECK_PREBUILT:-0} == 1 ]] || step configure "" -- cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTRIDENT_ENABLE_CUDA=ON -DTRIDENT_ENABLE_NCCL=ON \
   -DTRIDENT_BUILD_TESTS=ON -DTRIDENT_BUILD_BENCHMARKS=ON -DTRIDENT_BUILD_EXAMPLES=ON -DTRIDENT_TSAN_TESTS=OFF
-step build "" -- cmake --build "$build" -j "$jobs"
+# Only what the steps below run (the GPU-labelled tests, their helpers, the GPU benchmarks and the
+# example): the host-only tests are CI's, and building them here would cost minutes of GPU time.
+# TRIDENT_GPU_CHECK_ALL=1 builds every target.
+gpu_targets() {
+  ctest --test-dir "$build" -N -L 'gpu|cuda|nccl' | sed -n 's/^ *Test *#[0-9]*: *//p' | sed 's/^/test_/; s/\./_/g'
+  echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp
+}
+if [[ ${TRIDENT_GPU_CHECK_PREBUILT:-0} == 1 ]]; then
+  summary+=("build|prebuilt|0|binaries carried in $build")
+elif [[ ${TRIDENT_GPU_CHECK_ALL:-0} == 1 ]]; then
+  step build "" -- cmake --build "$build" -j "$jobs"
+else
+  # shellcheck disable=SC2046  # one target per word
+  step build "" -- cmake --build "$build" -j "$jobs" --target $(gpu_targets)
+fi
 if [[ ${TRIDENT_GPU_CHECK_BUILD_ONLY:-0} == 1 || $failed -ne 0 ]]; then
   printf '%-34s %-9s %6s  %s\n' step status seconds figure
   for row in "${summary[@]}"; do IFS='|' read -r a b c d <<<"$row"; printf '%-34s %-9s %6s  %s\n' "$a" "$b" "$c" "$d"; done
