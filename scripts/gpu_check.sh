@@ -84,7 +84,7 @@ fi
 
 # ---- every CUDA / NCCL test ---------------------------------------------------------------------
 # ctest's own verdict per test (a skip is exit 77), then the multi-rank tests again with 4 ranks.
-step "ctest -L gpu|cuda|nccl" "grep -E 'tests passed|tests failed'" -- \
+step "ctest -L gpu,cuda,nccl" "grep -E 'tests passed|tests failed'" -- \
   ctest --test-dir "$build" -L 'gpu|cuda|nccl' --output-on-failure -j 4
 for ranks in 4; do
   [[ -x $build/tests/test_comm_nccl_multirank ]] && step "comm.nccl_multirank -np $ranks" \
@@ -109,7 +109,7 @@ done
   "$build/bench/bench_adamw_cuda"
 [[ -x $build/bench/offload_pcie ]] && step "bench offload: step vs max(update, PCIe)" "grep -E 'x max'" -- \
   "$build/bench/offload_pcie"
-[[ -x $build/bench/bench_grad_stats_cuda ]] && step "bench grad stats: ours vs CUB" "grep -E 'ours / cub'" -- \
+[[ -x $build/bench/bench_grad_stats_cuda ]] && step "bench grad stats: trident vs CUB" "grep -E 'trident / cub'" -- \
   "$build/bench/bench_grad_stats_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench torch AdamW(fused)" "tail -1" -- python3 "$root/bench/adamw_torch.py"

@@ -615,8 +615,9 @@ struct grad_stats {
 namespace detail {
 
 //! gradient_stats works in blocks of this many elements, each summed by 256 lanes (lane j takes
-//! elements j, j + 256, ...) combined by a pairwise tree, and blocks added in order: the
-//! scheme of a 256-thread CUDA block, so the device result is bitwise the host's.
+//! elements j, j + 256, ...) combined by a pairwise tree, and blocks added in order: a fixed
+//! order, so the sum does not depend on the number of threads. (The CUDA path is CUB's
+//! reduction, within about 1e-15 of this; optim/cuda/step.cuh.)
 inline constexpr std::size_t stats_block = std::size_t{1} << 16;
 inline constexpr std::size_t stats_lanes = 256;
 

@@ -52,8 +52,8 @@ cudaStream_t stream_of(Comm& comm) {
 
 template <>
 struct engine<cuda_space> {
-  // The per-block partial sums of cuda::gradient_stats_async; the total goes to the bucket's slot.
-  static std::size_t stats_scratch(std::size_t n) noexcept { return cuda::gradient_stats_scratch_size(n) - 1; }
+  // CUB's temporary storage for cuda::gradient_stats_async; the sum goes to the bucket's slot.
+  static std::size_t stats_scratch(std::size_t n) { return cuda::gradient_stats_scratch_size(n) - 1; }
   template <class Comm, class H>
   static void stats_into(Comm& comm, const H* grads, std::size_t n, float multiplier, double* sum, double* scratch,
                          std::size_t scratch_size) {
