@@ -12,13 +12,18 @@
 // features into t equal parts gives each tensor-parallel rank whole heads), out [seq, batch,
 // heads, head_dim], probs [batch, heads, seq, seq] (the softmax, saved for backward as autograd
 // does; above the diagonal it is 0). torch's scaled_dot_product_attention(q, k, v,
-// is_causal=True) without dropout. Sums in double in index order: deterministic. dqkv is
-// overwritten.
+// is_causal=True) without dropout. dqkv is overwritten.
+//
+// The products (q k^T, P v and backward's four) are nn/gemm.hpp GEMMs per (batch, head) on the
+// strided rows of qkv, in row blocks that stop at the causal diagonal; the softmax's and
+// backward's row sums are in double, in index order. Deterministic, and each head computed the
+// same way whatever the other heads are, so splitting heads over tensor-parallel ranks changes
+// no bit.
 //
 // Checked against torch's own output, tests/fixtures/torch_layers.txt (tests/nn/
-// test_nn_reference.cpp; q, k and v sliced from this qkv layout): out and dqkv within 1.1e-6 of
+// test_nn_reference.cpp; q, k and v sliced from this qkv layout): out and dqkv within 1.05e-6 of
 // torch's float32 results (normwise; the worst is a peaked softmax), which is torch's own float32
-// rounding: it is as far from torch's float64 results, and we are within 2.5e-7 of those.
+// rounding (an earlier version of this file that summed every product in double was as far).
 #pragma once
 
 #include <algorithm>
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "trident/core/error.hpp"
+#include "trident/nn/gemm.hpp"
 
 namespace trident::nn {
 
@@ -49,16 +55,14 @@ struct causal_attention {
   void forward(std::span<const float> qkv, std::span<float> out, std::span<float> probs) const {
     check("causal_attention::forward", qkv.size(), out.size(), probs.size());
     probabilities(qkv, probs);
+    // out = P V, row block by row block: rows [r0, r1) of P are zero from column r1 on.
     for (std::size_t b = 0; b < batch; ++b)
       for (std::size_t h = 0; h < heads; ++h) {
         const float* p = probs.data() + (b * heads + h) * seq * seq;
-        for (std::size_t i = 0; i < seq; ++i) {
-          float* o = out.data() + ((i * batch + b) * heads + h) * head_dim;
-          for (std::size_t d = 0; d < head_dim; ++d) {
-            double acc = 0;
-            for (std::size_t j = 0; j <= i; ++j) acc += static_cast<double>(p[i * seq + j]) * qkv[at(j, b, h, 2) + d];
-            o[d] = static_cast<float>(acc);
-          }
+        for (std::size_t r0 = 0; r0 < seq; r0 += row_block) {
+          const std::size_t r1 = std::min(seq, r0 + row_block);
+          gemm(op::n, op::n, r1 - r0, head_dim, r1, 1.0f, p + r0 * seq, seq, qkv.data() + at(0, b, h, 2), qkv_stride(), 0.0f,
+               out.data() + r0 * out_stride() + (b * heads + h) * head_dim, out_stride());
         }
       }
   }
@@ -66,24 +70,28 @@ struct causal_attention {
   //! probs [batch, heads, seq, seq] from qkv: forward's softmax, bit for bit (forward calls it).
   void probabilities(std::span<const float> qkv, std::span<float> probs) const {
     check("causal_attention::probabilities", qkv.size(), out_size(), probs.size());
-    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-    std::vector<double> score(seq);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
     for (std::size_t b = 0; b < batch; ++b)
       for (std::size_t h = 0; h < heads; ++h) {
         float* p = probs.data() + (b * heads + h) * seq * seq;
+        // Scores q k^T / sqrt(head_dim), only where the mask lets them through (up to column r1).
+        for (std::size_t r0 = 0; r0 < seq; r0 += row_block) {
+          const std::size_t r1 = std::min(seq, r0 + row_block);
+          gemm(op::n, op::t, r1 - r0, r1, head_dim, scale, qkv.data() + at(r0, b, h, 0), qkv_stride(),
+               qkv.data() + at(0, b, h, 1), qkv_stride(), 0.0f, p + r0 * seq, seq);
+        }
         for (std::size_t i = 0; i < seq; ++i) {
-          const float* q = qkv.data() + at(i, b, h, 0);
-          double max = -INFINITY;
+          float* row = p + i * seq;
+          float max = -INFINITY;
+          for (std::size_t j = 0; j <= i; ++j) max = row[j] > max ? row[j] : max;
+          double sum = 0;  // in index order, in double: deterministic and exact enough for any seq
           for (std::size_t j = 0; j <= i; ++j) {
-            const float* k = qkv.data() + at(j, b, h, 1);
-            double s = 0;
-            for (std::size_t d = 0; d < head_dim; ++d) s += static_cast<double>(q[d]) * k[d];
-            score[j] = s * scale;
-            max = score[j] > max ? score[j] : max;
+            row[j] = std::exp(row[j] - max);
+            sum += row[j];
           }
-          double sum = 0;
-          for (std::size_t j = 0; j <= i; ++j) sum += std::exp(score[j] - max);
-          for (std::size_t j = 0; j < seq; ++j) p[i * seq + j] = j <= i ? static_cast<float>(std::exp(score[j] - max) / sum) : 0.0f;
+          const double inverse = 1.0 / sum;
+          for (std::size_t j = 0; j <= i; ++j) row[j] = static_cast<float>(row[j] * inverse);
+          for (std::size_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
         }
       }
   }
@@ -95,45 +103,49 @@ struct causal_attention {
     TRIDENT_EXPECT(dqkv.size() == qkv.size(), "causal_attention::backward: dqkv has ", dqkv.size(), " elements, expected ",
                    qkv.size());
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-    for (float& g : dqkv) g = 0.0f;
-    std::vector<double> dp(seq), ds(seq);
-    std::vector<double> dk(seq * head_dim), dv(seq * head_dim);
+    std::vector<float> ds(seq * seq);  // dP = dout v^T, then dS = P * (dP - rowsum(P * dP)) * scale
+    const std::size_t lq = qkv_stride(), lo = out_stride();
     for (std::size_t b = 0; b < batch; ++b)
       for (std::size_t h = 0; h < heads; ++h) {
         const float* p = probs.data() + (b * heads + h) * seq * seq;
-        std::fill(dk.begin(), dk.end(), 0.0);
-        std::fill(dv.begin(), dv.end(), 0.0);
-        for (std::size_t i = 0; i < seq; ++i) {
-          const float* g = dout.data() + ((i * batch + b) * heads + h) * head_dim;
-          const float* q = qkv.data() + at(i, b, h, 0);
-          double dot = 0;  // sum_j p_ij dp_ij
-          for (std::size_t j = 0; j <= i; ++j) {
-            const float* v = qkv.data() + at(j, b, h, 2);
-            double s = 0;
-            for (std::size_t d = 0; d < head_dim; ++d) s += static_cast<double>(g[d]) * v[d];
-            dp[j] = s;
-            dot += static_cast<double>(p[i * seq + j]) * s;
-            for (std::size_t d = 0; d < head_dim; ++d) dv[j * head_dim + d] += static_cast<double>(p[i * seq + j]) * g[d];
-          }
-          float* dq = dqkv.data() + at(i, b, h, 0);
-          for (std::size_t j = 0; j <= i; ++j) ds[j] = static_cast<double>(p[i * seq + j]) * (dp[j] - dot) * scale;
-          for (std::size_t d = 0; d < head_dim; ++d) {
-            double acc = 0;
-            for (std::size_t j = 0; j <= i; ++j) acc += ds[j] * qkv[at(j, b, h, 1) + d];
-            dq[d] = static_cast<float>(acc);
-          }
-          for (std::size_t j = 0; j <= i; ++j)
-            for (std::size_t d = 0; d < head_dim; ++d) dk[j * head_dim + d] += ds[j] * q[d];
+        const float* g = dout.data() + (b * heads + h) * head_dim;  // row i at g + i * lo
+        const float* q = qkv.data() + at(0, b, h, 0);
+        const float* k = qkv.data() + at(0, b, h, 1);
+        const float* v = qkv.data() + at(0, b, h, 2);
+        float* dq = dqkv.data() + at(0, b, h, 0);
+        float* dk = dqkv.data() + at(0, b, h, 1);
+        float* dv = dqkv.data() + at(0, b, h, 2);
+        for (std::size_t r0 = 0; r0 < seq; r0 += row_block) {
+          const std::size_t r1 = std::min(seq, r0 + row_block);
+          gemm(op::n, op::t, r1 - r0, r1, head_dim, 1.0f, g + r0 * lo, lo, v, lq, 0.0f, ds.data() + r0 * seq, seq);
         }
-        for (std::size_t j = 0; j < seq; ++j)
-          for (std::size_t d = 0; d < head_dim; ++d) {
-            dqkv[at(j, b, h, 1) + d] = static_cast<float>(dk[j * head_dim + d]);
-            dqkv[at(j, b, h, 2) + d] = static_cast<float>(dv[j * head_dim + d]);
-          }
+        for (std::size_t i = 0; i < seq; ++i) {
+          const float* pi = p + i * seq;
+          float* row = ds.data() + i * seq;
+          double dot = 0;  // sum_j p_ij dp_ij
+          for (std::size_t j = 0; j <= i; ++j) dot += static_cast<double>(pi[j]) * row[j];
+          for (std::size_t j = 0; j <= i; ++j) row[j] = static_cast<float>(static_cast<double>(pi[j]) * (row[j] - dot) * scale);
+          for (std::size_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
+        }
+        // dq = dS k (rows [r0, r1) of dS end at column r1); dk = dS^T q and dv = P^T dout
+        // (rows [c0, c1) of those take rows c0.. of dS and P: the rest are zero).
+        for (std::size_t r0 = 0; r0 < seq; r0 += row_block) {
+          const std::size_t r1 = std::min(seq, r0 + row_block);
+          gemm(op::n, op::n, r1 - r0, head_dim, r1, 1.0f, ds.data() + r0 * seq, seq, k, lq, 0.0f, dq + r0 * lq, lq);
+          gemm(op::t, op::n, r1 - r0, head_dim, seq - r0, 1.0f, ds.data() + r0 * seq + r0, seq, q + r0 * lq, lq, 0.0f,
+               dk + r0 * lq, lq);
+          gemm(op::t, op::n, r1 - r0, head_dim, seq - r0, 1.0f, p + r0 * seq + r0, seq, g + r0 * lo, lo, 0.0f, dv + r0 * lq,
+               lq);
+        }
       }
   }
 
  private:
+  // Rows of a GEMM at a time: a block's rows see columns up to its end, so the products skip
+  // what the causal mask removes (about half) and each element's sum depends on its block alone.
+  static constexpr std::size_t row_block = 64;
+  std::size_t qkv_stride() const noexcept { return batch * heads * 3 * head_dim; }  // between positions
+  std::size_t out_stride() const noexcept { return batch * heads * head_dim; }
   // The offset of position i, batch b, head h's query (0), key (1) or value (2).
   std::size_t at(std::size_t i, std::size_t b, std::size_t h, std::size_t which) const noexcept {
     return (((i * batch + b) * heads + h) * 3 + which) * head_dim;
