@@ -404,6 +404,33 @@ TEST_CASE("relu forward and backward, the gradient at 0 being 0") {
   CHECK(w == out);
 }
 
+TEST_CASE("gelu's tanh: within 2e-7 of tanh over [-10, 10], odd, +-1 in saturation, NaN kept") {
+  double worst = 0, worst_relative = 0;
+  bool odd = true;
+  for (int i = -1000000; i <= 1000000; ++i) {
+    const float z = static_cast<float>(i) * 1e-5f;
+    const double want = std::tanh(static_cast<double>(z));
+    const float got = nn::detail::tanh_float(z);
+    worst = std::max(worst, std::abs(got - want));
+    if (std::abs(z) > 1e-3f) worst_relative = std::max(worst_relative, std::abs(got - want) / std::abs(want));
+    odd = odd && nn::detail::tanh_float(-z) == -got;
+  }
+  CHECK(odd);
+  MESSAGE("tanh_float over [-10, 10]: worst absolute error ", worst, ", relative (|z| > 1e-3) ", worst_relative);
+  CHECK(worst <= 2e-7);
+  CHECK(worst_relative <= 5e-7);
+  for (float z : {9.1f, 10.0f, 50.0f, std::numeric_limits<float>::infinity()}) {
+    CHECK(nn::detail::tanh_float(z) == 1.0f);
+    CHECK(nn::detail::tanh_float(-z) == -1.0f);
+  }
+  CHECK(nn::detail::tanh_float(0.0f) == 0.0f);
+  CHECK(std::signbit(nn::detail::tanh_float(-0.0f)));
+  CHECK(std::isnan(nn::detail::tanh_float(std::numeric_limits<float>::quiet_NaN())));
+  std::vector<float> nan_in{std::numeric_limits<float>::quiet_NaN()}, nan_out(1);
+  nn::gelu::forward(nan_in, nan_out);
+  CHECK(std::isnan(nan_out[0]));  // a NaN in the activations reaches the loss, as overflow checks need
+}
+
 TEST_CASE("gelu (tanh) matches PyTorch's values, its double formula, and central differences") {
   // torch.nn.functional.gelu(torch.tensor([...]), approximate='tanh')
   const std::vector<float> x = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f};
