@@ -13,6 +13,7 @@
 // tanhf on the device).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -36,11 +37,19 @@ inline void check_elementwise(const char* who, std::size_t x, std::size_t y) {
 // by Cody-Waite reduction to |r| <= ln(2)/2 and a degree-7 Taylor polynomial (2^n from the
 // exponent bits); |z| >= 9.1 gives +-1, as tanhf rounds it. Over [-10, 10] within 8.7e-8 of
 // tanh, 1.8e-7 relative (nn.host checks 2e-7 and 5e-7); NaN stays NaN. On the device CUDA's tanhf.
+// x where c, else y, by masking bits: every operand is computed anyway, so GCC vectorises the
+// loop around it even under -ftrapping-math (its default), which keeps it from turning a ?: whose
+// arms it has sunk into branches (the division in one of them might trap) into a blend.
+inline float pick(bool c, float x, float y) noexcept {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(c);
+  return std::bit_cast<float>((std::bit_cast<std::uint32_t>(x) & mask) | (std::bit_cast<std::uint32_t>(y) & ~mask));
+}
+
 TRIDENT_HOST_DEVICE inline float tanh_float(float z) noexcept {
 #if defined(__CUDA_ARCH__)
   return tanhf(z);
 #else
-  const float a = std::fabs(z) < 9.1f ? std::fabs(z) : 9.1f;
+  const float a = pick(std::fabs(z) < 9.1f, std::fabs(z), 9.1f);
   const float a2 = a * a;
   const float small =
       a * (1.0f + a2 * (-1.0f / 3 + a2 * (2.0f / 15 + a2 * (-17.0f / 315 + a2 * (62.0f / 2835 +
@@ -52,22 +61,42 @@ TRIDENT_HOST_DEVICE inline float tanh_float(float z) noexcept {
                   r * (1.0f / 720 + r * (1.0f / 5040)))))));
   const float e = p * std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23);
   const float large = 1.0f - 2.0f / (e + 1.0f);
-  const float t = a < 0.4f ? small : large;
-  return z != z ? z : std::copysign(t, z);
+  const float t = pick(a < 0.4f, small, large);
+  return pick(z != z, z, std::copysign(t, z));
 #endif
 }
+
+// The loops run in chunks of a fixed length through a local array: GCC's -O2 vectorises only
+// loops whose trip count is a known multiple of the vector width and that need no run-time alias
+// check (its "very cheap" cost model); y may alias x, and a local chunk aliases nothing.
+inline constexpr std::size_t elementwise_chunk = 64;
 
 template <class Act>
 void activation_forward(const char* who, std::span<const float> x, std::span<float> y) {
   check_elementwise(who, x.size(), y.size());
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = Act::value(x[i]);
+  std::size_t i = 0;
+  for (; i + elementwise_chunk <= x.size(); i += elementwise_chunk) {
+    float v[elementwise_chunk];
+    std::copy_n(x.data() + i, elementwise_chunk, v);
+    for (std::size_t j = 0; j < elementwise_chunk; ++j) v[j] = Act::value(v[j]);
+    std::copy_n(v, elementwise_chunk, y.data() + i);
+  }
+  for (; i < x.size(); ++i) y[i] = Act::value(x[i]);
 }
 
 template <class Act>
 void activation_backward(const char* who, std::span<const float> x, std::span<const float> dy, std::span<float> dx) {
   check_elementwise(who, x.size(), dy.size());
   check_elementwise(who, x.size(), dx.size());
-  for (std::size_t i = 0; i < x.size(); ++i) dx[i] = Act::grad(x[i], dy[i]);
+  std::size_t i = 0;
+  for (; i + elementwise_chunk <= x.size(); i += elementwise_chunk) {
+    float v[elementwise_chunk], g[elementwise_chunk];
+    std::copy_n(x.data() + i, elementwise_chunk, v);
+    std::copy_n(dy.data() + i, elementwise_chunk, g);
+    for (std::size_t j = 0; j < elementwise_chunk; ++j) v[j] = Act::grad(v[j], g[j]);
+    std::copy_n(v, elementwise_chunk, dx.data() + i);
+  }
+  for (; i < x.size(); ++i) dx[i] = Act::grad(x[i], dy[i]);
 }
 
 }  // namespace detail
