@@ -288,6 +288,9 @@ class gpt_rank final : public chunk_runner {
         // One recomputation workspace for all of this rank's blocks: they run one at a time.
         if (c_.recompute == recompute_mode::selective && (!chunks_mine_.empty() || ch.blocks.size() > 1))
           ch.blocks.back().share_attention_workspace(chunks_mine_.empty() ? ch.blocks.front() : chunks_mine_.front().blocks.front());
+        // And one backward workspace (the gradients between a block's layers).
+        if (!chunks_mine_.empty() || ch.blocks.size() > 1)
+          ch.blocks.back().share_backward_workspace(chunks_mine_.empty() ? ch.blocks.front() : chunks_mine_.front().blocks.front());
         if (c_.recompute == recompute_mode::full) {
           if (!checkpoint_ws_) checkpoint_ws_ = checkpointed_block::make_workspace(ch.blocks.back());
           ch.checkpointed.emplace_back(ch.blocks.back(), checkpoint_ws_);

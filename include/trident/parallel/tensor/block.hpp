@@ -21,7 +21,8 @@
 //                             sequence_parallel, selective_recompute
 //   template <class T> struct block_tensors   one span per parameter, in parameters() order
 //   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads),
-//                             share_attention_workspace(other); nn::checkpointed<> wraps it
+//                             share_attention_workspace(other), share_backward_workspace(other);
+//                             nn::checkpointed<> wraps it
 //
 // Recomputation (issue 14): block_config::selective_recompute keeps everything but the
 // attention probabilities, which backward recomputes (Korthikanti et al.'s selective
@@ -131,6 +132,16 @@ struct attention_workspace {
   buffer<float, host_space> probs;
 };
 
+//! backward's scratch: the gradients between its layers. Made at the first backward (charged
+//! to the ledger as mem_category::other: nothing in it outlives one backward) and reused, so a
+//! step allocates and page-faults nothing (fresh megabytes per backward were 15% of the
+//! flagship's CPU step); blocks that run one at a time share one (share_backward_workspace).
+struct backward_workspace {
+  buffer<float, host_space> d_gelu, d_fc1, d_attn, d_qkv;  // this rank's features
+  buffer<float, host_space> d_ln2, d_norm, d_ln1, d_mid;    // [rows this rank holds, hidden]
+  buffer<float, host_space> full, gathered, partial;        // sequence parallelism: [seq x batch, hidden]
+};
+
 class transformer_block {
  public:
   //! One parameter: its name, global shape and how it is split over the tensor group.
@@ -158,6 +169,17 @@ class transformer_block {
                    name_, ": share_attention_workspace with ", other.name_, ", whose attention has other sizes");
     other.workspace();  // made once, by the first block that needs it
     attention_ws_ = other.attention_ws_;
+  }
+
+  //! Uses `other`'s backward workspace (a block of the same sizes), so that a stack of blocks
+  //! that run backward one at a time holds one.
+  void share_backward_workspace(const transformer_block& other) {
+    TRIDENT_EXPECT(other.c_.seq == c_.seq && other.c_.batch == c_.batch && other.c_.hidden == c_.hidden &&
+                       other.c_.ffn == c_.ffn && other.c_.heads == c_.heads && other.parts_ == parts_ &&
+                       other.c_.sequence_parallel == c_.sequence_parallel,
+                   name_, ": share_backward_workspace with ", other.name_, ", a block of other sizes");
+    other.scratch();
+    backward_ws_ = other.backward_ws_;
   }
 
   const block_config& config() const noexcept { return c_; }
@@ -286,15 +308,18 @@ class transformer_block {
       return;
     }
     // MLP: y = mid + fc2(gelu(fc1(ln2(mid)))).
-    std::vector<float> d_gelu(s.gelu_out.size()), d_fc1(s.fc1_out.size()), d_ln2(n * h), d_mid(dy.begin(), dy.end());
+    auto& ws = scratch();
+    const auto d_gelu = zeroed(ws.d_gelu, s.gelu_out.size()), d_fc1 = zeroed(ws.d_fc1, s.fc1_out.size());
+    const auto d_ln2 = zeroed(ws.d_ln2, n * h), d_mid = ws.d_mid.span().first(dy.size());
+    std::copy(dy.begin(), dy.end(), d_mid.begin());
     fc2_.backward(tp, n, s.gelu_out.span(), w.fc2_weight, dy, d_gelu, g.fc2_weight, g.fc2_bias);
     nn::gelu::backward(s.fc1_out.span(), d_gelu, d_fc1);
     fc1_.backward(tp, n, s.ln2_out.span(), w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // summed (f)
-    std::vector<float> d_norm(n * h);
+    const auto d_norm = zeroed(ws.d_norm, n * h);
     ln.backward(n, s.mid.span(), w.ln2_weight, s.ln2_mean.span(), s.ln2_rstd.span(), d_ln2, d_norm, g.ln2_weight, g.ln2_bias);
     for (std::size_t i = 0; i < n * h; ++i) d_mid[i] += d_norm[i];
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
-    std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(n * h);
+    const auto d_attn = zeroed(ws.d_attn, s.attn.size()), d_qkv = zeroed(ws.d_qkv, s.qkv.size()), d_ln1 = zeroed(ws.d_ln1, n * h);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
     attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
     qkv_.backward(tp, n, s.ln1_out.span(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
@@ -333,9 +358,12 @@ class transformer_block {
                                   std::span<const float> dy, std::span<float> dx, const block_tensors<float>& g) const {
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
     const nn::layer_norm ln{h, c_.eps};
-    std::vector<float> full(n * h), gathered(n * h), partial(n * h);
-    std::vector<float> d_gelu(s.gelu_out.size()), d_fc1(s.fc1_out.size()), d_ln2(m * h), d_norm(m * h);
-    std::vector<float> d_mid(dy.begin(), dy.end());
+    auto& ws = scratch();
+    const auto full = zeroed(ws.full, n * h), gathered = zeroed(ws.gathered, n * h), partial = zeroed(ws.partial, n * h);
+    const auto d_gelu = zeroed(ws.d_gelu, s.gelu_out.size()), d_fc1 = zeroed(ws.d_fc1, s.fc1_out.size());
+    const auto d_ln2 = zeroed(ws.d_ln2, m * h), d_norm = zeroed(ws.d_norm, m * h);
+    const auto d_mid = ws.d_mid.span().first(dy.size());
+    std::copy(dy.begin(), dy.end(), d_mid.begin());
     std::vector<float> norms(4 * h, 0.0f);  // ln1 weight, ln1 bias, ln2 weight, ln2 bias: this rank's rows
     const std::span<float> n1w(norms.data(), h), n1b(norms.data() + h, h), n2w(norms.data() + 2 * h, h),
         n2b(norms.data() + 3 * h, h);
@@ -348,7 +376,7 @@ class transformer_block {
     ln.backward(m, s.mid.span(), w.ln2_weight, s.ln2_mean.span(), s.ln2_rstd.span(), d_ln2, d_norm, n2w, n2b);
     for (std::size_t i = 0; i < m * h; ++i) d_mid[i] += d_norm[i];
     // Attention.
-    std::vector<float> d_attn(s.attn.size()), d_qkv(s.qkv.size()), d_ln1(m * h);
+    const auto d_attn = zeroed(ws.d_attn, s.attn.size()), d_qkv = zeroed(ws.d_qkv, s.qkv.size()), d_ln1 = zeroed(ws.d_ln1, m * h);
     reduce_scatter_to_sequence::backward(tp, d_mid, full);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
     attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
@@ -379,6 +407,27 @@ class transformer_block {
           attention_workspace{buffer<float, host_space>(attention().probs_size(), mem_category::activations)});
     return *attention_ws_;
   }
+  // backward's workspace, made at first use (or shared, share_backward_workspace), sized for
+  // this block: the largest each buffer needs with or without sequence parallelism.
+  backward_workspace& scratch() const {
+    if (!backward_ws_) {
+      const std::size_t rows_h = rows() * c_.hidden, features = rows() * fc1_.local_out_features();
+      const std::size_t heads = rows() * local_heads_ * head_dim(), sp = c_.sequence_parallel ? rows_h : 0;
+      auto make = [](std::size_t n) { return buffer<float, host_space>(n, mem_category::other); };
+      backward_ws_ = std::make_shared<backward_workspace>(backward_workspace{
+          make(features), make(features), make(heads), make(3 * heads), make(rows_h), make(rows_h), make(rows_h), make(rows_h),
+          make(sp), make(sp), make(sp)});
+    }
+    return *backward_ws_;
+  }
+  // The first `size` elements of b, set to zero (backward's vectors were value-initialised).
+  static std::span<float> zeroed(buffer<float, host_space>& b, std::size_t size) {
+    TRIDENT_EXPECT(size <= b.size(), "transformer_block: backward's workspace holds ", b.size(), " elements, needs ", size,
+                   " (a workspace shared with a block of other sizes?)");
+    const auto out = b.span().first(size);
+    std::fill(out.begin(), out.end(), 0.0f);
+    return out;
+  }
   void check_activations(const block_activations& s) const {
     TRIDENT_EXPECT(s.probs.size() == (c_.selective_recompute ? 0 : attention().probs_size()) && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
                        s.fc1_out.size() == rows() * fc1_.local_out_features() && s.x.size() == local_rows() * c_.hidden &&
@@ -396,6 +445,7 @@ class transformer_block {
   row_parallel_linear fc2_;
   std::size_t local_heads_ = 0;
   mutable std::shared_ptr<attention_workspace> attention_ws_;  // selective recomputation only; workspace()
+  mutable std::shared_ptr<backward_workspace> backward_ws_;    // scratch()
 };
 
 }  // namespace trident::tensor
