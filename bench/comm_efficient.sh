@@ -29,6 +29,7 @@ run --steps "$steps" --method onebit --warmup 50
 run --steps "$steps" --method onebit --warmup 50 --no-error-feedback
 run --steps "$steps" --method onebit-adam --warmup 50
 run --steps "$steps" --method onebit-adam --warmup 50 --no-error-feedback
+run --steps "$steps" --method diloco --inner 10 --outer-lr 1 --outer-momentum 0
 run --steps "$steps" --method diloco --inner 50
 run --steps "$steps" --method diloco --inner 100
 run --steps $((2 * steps)) --method diloco --inner 50 --tag long
