@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -402,6 +403,33 @@ TEST_CASE("relu forward and backward, the gradient at 0 being 0") {
   nn::relu::forward(w, w);
   nn::relu::forward(v, out);
   CHECK(w == out);
+}
+
+TEST_CASE("gelu and relu: the AVX2 and AVX-512 paths give the portable path's bits") {
+  namespace simd = trident::optim::detail;
+  for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{64}, std::size_t{1000}}) {
+    auto x = random_vector(n, 71, -12.0f, 12.0f);
+    if (n > 3) x[3] = std::numeric_limits<float>::quiet_NaN();
+    const auto dy = random_vector(n, 72);
+    auto run = [&](simd::host_isa isa) {
+      REQUIRE(simd::force_host_isa(isa));
+      std::vector<float> y(n), dx(n), r(n);
+      nn::gelu::forward(x, y);
+      nn::gelu::backward(x, dy, dx);
+      nn::relu::forward(x, r);
+      simd::unforce_host_isa();
+      std::vector<std::uint32_t> bits;
+      for (const auto* v : {&y, &dx, &r})
+        for (float f : *v) bits.push_back(std::bit_cast<std::uint32_t>(f));
+      return bits;
+    };
+    const auto portable = run(simd::host_isa::portable);
+    for (const auto isa : {simd::host_isa::avx2, simd::host_isa::avx512}) {
+      if (static_cast<int>(isa) > static_cast<int>(simd::detected_host_isa())) continue;  // this CPU lacks it
+      INFO("isa ", static_cast<int>(isa), " n=", n);
+      CHECK(run(isa) == portable);
+    }
+  }
 }
 
 TEST_CASE("gelu's tanh: within 2e-7 of tanh over [-10, 10], odd, +-1 in saturation, NaN kept") {

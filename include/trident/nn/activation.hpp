@@ -22,6 +22,15 @@
 
 #include "trident/core/config.hpp"
 #include "trident/core/error.hpp"
+#include "trident/optim/host_simd.hpp"
+
+// No FMA contraction (as nn/gemm.hpp and the optimizer's host step): the AVX2 and AVX-512 clones
+// below then compute every element with the same roundings as the portable code, so the paths
+// agree bit for bit (nn.host checks it).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace trident::nn {
 
@@ -72,31 +81,83 @@ TRIDENT_HOST_DEVICE inline float tanh_float(float z) noexcept {
 inline constexpr std::size_t elementwise_chunk = 64;
 
 template <class Act>
+__attribute__((always_inline)) inline void forward_chunk(const float* x, float* y) {
+  float v[elementwise_chunk];
+  std::copy_n(x, elementwise_chunk, v);
+  for (std::size_t j = 0; j < elementwise_chunk; ++j) v[j] = Act::value(v[j]);
+  std::copy_n(v, elementwise_chunk, y);
+}
+template <class Act>
+__attribute__((always_inline)) inline void backward_chunk(const float* x, const float* dy, float* dx) {
+  float v[elementwise_chunk], g[elementwise_chunk];
+  std::copy_n(x, elementwise_chunk, v);
+  std::copy_n(dy, elementwise_chunk, g);
+  for (std::size_t j = 0; j < elementwise_chunk; ++j) v[j] = Act::grad(v[j], g[j]);
+  std::copy_n(v, elementwise_chunk, dx);
+}
+
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+// The same chunks compiled for wider vectors, chosen at run time as nn/gemm.hpp's kernels are.
+template <class Act>
+__attribute__((target("avx2"))) void forward_chunks_avx2(const float* x, float* y, std::size_t chunks) {
+  for (std::size_t c = 0; c < chunks; ++c) forward_chunk<Act>(x + c * elementwise_chunk, y + c * elementwise_chunk);
+}
+template <class Act>
+__attribute__((target("avx512f"))) void forward_chunks_avx512(const float* x, float* y, std::size_t chunks) {
+  for (std::size_t c = 0; c < chunks; ++c) forward_chunk<Act>(x + c * elementwise_chunk, y + c * elementwise_chunk);
+}
+template <class Act>
+__attribute__((target("avx2"))) void backward_chunks_avx2(const float* x, const float* dy, float* dx, std::size_t chunks) {
+  for (std::size_t c = 0; c < chunks; ++c)
+    backward_chunk<Act>(x + c * elementwise_chunk, dy + c * elementwise_chunk, dx + c * elementwise_chunk);
+}
+template <class Act>
+__attribute__((target("avx512f"))) void backward_chunks_avx512(const float* x, const float* dy, float* dx, std::size_t chunks) {
+  for (std::size_t c = 0; c < chunks; ++c)
+    backward_chunk<Act>(x + c * elementwise_chunk, dy + c * elementwise_chunk, dx + c * elementwise_chunk);
+}
+#endif
+
+template <class Act>
 void activation_forward(const char* who, std::span<const float> x, std::span<float> y) {
   check_elementwise(who, x.size(), y.size());
-  std::size_t i = 0;
-  for (; i + elementwise_chunk <= x.size(); i += elementwise_chunk) {
-    float v[elementwise_chunk];
-    std::copy_n(x.data() + i, elementwise_chunk, v);
-    for (std::size_t j = 0; j < elementwise_chunk; ++j) v[j] = Act::value(v[j]);
-    std::copy_n(v, elementwise_chunk, y.data() + i);
+  const std::size_t chunks = x.size() / elementwise_chunk;
+  bool done = false;
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+  switch (trident::optim::detail::active_host_isa()) {
+    case trident::optim::detail::host_isa::avx512: forward_chunks_avx512<Act>(x.data(), y.data(), chunks); done = true; break;
+    case trident::optim::detail::host_isa::avx2: forward_chunks_avx2<Act>(x.data(), y.data(), chunks); done = true; break;
+    default: break;
   }
-  for (; i < x.size(); ++i) y[i] = Act::value(x[i]);
+#endif
+  if (!done)
+    for (std::size_t c = 0; c < chunks; ++c) forward_chunk<Act>(x.data() + c * elementwise_chunk, y.data() + c * elementwise_chunk);
+  for (std::size_t i = chunks * elementwise_chunk; i < x.size(); ++i) y[i] = Act::value(x[i]);
 }
 
 template <class Act>
 void activation_backward(const char* who, std::span<const float> x, std::span<const float> dy, std::span<float> dx) {
   check_elementwise(who, x.size(), dy.size());
   check_elementwise(who, x.size(), dx.size());
-  std::size_t i = 0;
-  for (; i + elementwise_chunk <= x.size(); i += elementwise_chunk) {
-    float v[elementwise_chunk], g[elementwise_chunk];
-    std::copy_n(x.data() + i, elementwise_chunk, v);
-    std::copy_n(dy.data() + i, elementwise_chunk, g);
-    for (std::size_t j = 0; j < elementwise_chunk; ++j) v[j] = Act::grad(v[j], g[j]);
-    std::copy_n(v, elementwise_chunk, dx.data() + i);
+  const std::size_t chunks = x.size() / elementwise_chunk;
+  bool done = false;
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+  switch (trident::optim::detail::active_host_isa()) {
+    case trident::optim::detail::host_isa::avx512:
+      backward_chunks_avx512<Act>(x.data(), dy.data(), dx.data(), chunks);
+      done = true;
+      break;
+    case trident::optim::detail::host_isa::avx2:
+      backward_chunks_avx2<Act>(x.data(), dy.data(), dx.data(), chunks);
+      done = true;
+      break;
+    default: break;
   }
-  for (; i < x.size(); ++i) dx[i] = Act::grad(x[i], dy[i]);
+#endif
+  if (!done)
+    for (std::size_t c = 0; c < chunks; ++c)
+      backward_chunk<Act>(x.data() + c * elementwise_chunk, dy.data() + c * elementwise_chunk, dx.data() + c * elementwise_chunk);
+  for (std::size_t i = chunks * elementwise_chunk; i < x.size(); ++i) dx[i] = Act::grad(x[i], dy[i]);
 }
 
 }  // namespace detail
@@ -154,3 +215,7 @@ struct gelu {
 };
 
 }  // namespace trident::nn
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#pragma GCC pop_options
+#endif
