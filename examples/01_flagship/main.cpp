@@ -28,6 +28,7 @@
 
 #include "ds_config.hpp"
 #include "report.hpp"
+#include "train_instances.hpp"  // the trainer, compiled in train_<precision>.cpp
 #include "trainer.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/core/config.hpp"

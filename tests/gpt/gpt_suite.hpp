@@ -12,18 +12,11 @@
 
 #include <unistd.h>
 
+#include "01_flagship/train_instances.hpp"  // compiled once, in train_<precision>.cpp
 #include "01_flagship/trainer.hpp"
 #include "trident/comm/communicator.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/data/token_shards.hpp"
-
-// Compiled once, in gpt_instances_*.cpp (the thread-rank tests link them).
-extern template std::vector<flagship::step_report> flagship::train<trident::full_precision, trident::local_comm>(
-    trident::local_comm&, const flagship::train_options&, const std::function<void(const flagship::step_report&)>&);
-extern template std::vector<flagship::step_report> flagship::train<trident::mixed_precision<trident::bf16>, trident::local_comm>(
-    trident::local_comm&, const flagship::train_options&, const std::function<void(const flagship::step_report&)>&);
-extern template std::vector<flagship::step_report> flagship::train<trident::mixed_precision<trident::fp16>, trident::local_comm>(
-    trident::local_comm&, const flagship::train_options&, const std::function<void(const flagship::step_report&)>&);
 
 namespace gpt_suite {
 

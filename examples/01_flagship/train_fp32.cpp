@@ -1,0 +1,5 @@
+// flagship::train in fp32, for thread ranks (and MPI ranks where trident::mpi is linked): see
+// train_instances.hpp.
+#include "train_instances.hpp"
+
+FLAGSHIP_TRAIN_INSTANCES(, trident::full_precision)
