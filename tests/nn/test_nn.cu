@@ -1,5 +1,5 @@
 // The CUDA reference layers against the host ones on random data: cuBLAS GEMMs within float
-// tolerance of nn::gemm, the bias gradient and the MSE gradient bitwise (same order, no FMA),
+// tolerance of nn::gemm, LayerNorm, RMSNorm and causal attention within 1e-5, the bias gradient and the MSE gradient bitwise (same order, no FMA),
 // activations within a few ulp (tanhf), losses within double-sum rounding; accumulation
 // semantics on the device; cuBLAS errors thrown as cublas_error. Skipped without a device.
 #include <doctest/doctest.h>
@@ -14,10 +14,14 @@
 #include "support/random.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/nn/activation.hpp"
+#include "trident/nn/attention.hpp"
+#include "trident/nn/cuda/attention.cuh"
 #include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/cuda/layers.cuh"
+#include "trident/nn/cuda/norm.cuh"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
+#include "trident/nn/norm.hpp"
 
 namespace nn = trident::nn;
 using trident::buffer;
@@ -184,4 +188,108 @@ TEST_CASE("a failing cuBLAS call throws cublas_error with its status") {
   nn::cublas_handle moved = std::move(blas);
   CHECK(moved.get() != nullptr);
   CHECK(blas.get() == nullptr);
+}
+
+TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbeta like the host") {
+  for (const std::size_t hidden : {std::size_t{7}, std::size_t{300}}) {  // fewer and more columns than a block's threads
+    const std::size_t rows = 37;
+    const nn::layer_norm host{hidden, 1e-5f};
+    const nn::cuda::layer_norm dev{hidden, 1e-5f};
+    auto x = random_vector(rows * hidden, 41, -2.0f, 2.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += static_cast<float>(i % 5);  // a mean away from 0
+    auto gamma = random_vector(hidden, 42, 0.5f, 1.5f), beta = random_vector(hidden, 43);
+    const auto dy = random_vector(rows * hidden, 44);
+    std::vector<float> y(x.size()), mean(rows), rstd(rows), dx(x.size());
+    auto dgamma = random_vector(hidden, 45), dbeta = random_vector(hidden, 46);  // accumulated into
+    auto d_x = to_device(x), d_gamma = to_device(gamma), d_beta = to_device(beta), d_dy = to_device(dy);
+    auto d_dgamma = to_device(dgamma), d_dbeta = to_device(dbeta);
+    buffer<float, cuda_space> d_y(x.size()), d_mean(rows), d_rstd(rows), d_dx(x.size());
+    host.forward(rows, x, gamma, beta, y, mean, rstd);
+    host.backward(rows, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+    dev.forward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_beta.device_handle(), d_y.device_handle(),
+                d_mean.device_handle(), d_rstd.device_handle());
+    dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(), d_rstd.device_handle(),
+                 d_dy.device_handle(), d_dx.device_handle(), d_dgamma.device_handle(), d_dbeta.device_handle());
+    const std::string at = " (hidden " + std::to_string(hidden) + ")";
+    check_close(trident::to_vector(d_mean), mean, 1e-6, 1e-6, "mean" + at);
+    check_close(trident::to_vector(d_rstd), rstd, 0, 1e-6, "rstd" + at);
+    check_close(trident::to_vector(d_y), y, 1e-5, 1e-5, "y" + at);
+    check_close(trident::to_vector(d_dx), dx, 1e-5, 1e-5, "dx" + at);
+    check_close(trident::to_vector(d_dgamma), dgamma, 1e-5, 1e-5, "dgamma" + at);
+    check_close(trident::to_vector(d_dbeta), dbeta, 1e-5, 1e-5, "dbeta" + at);
+  }
+  // Shapes are checked on the host, before anything is launched.
+  const nn::cuda::layer_norm ln{8};
+  buffer<float, cuda_space> a(16), g(7), s(2);
+  CHECK_THROWS_WITH_AS(ln.forward(0, 2, a.device_handle(), g.device_handle(), {}, a.device_handle(), s.device_handle(),
+                                  s.device_handle()),
+                       doctest::Contains("gamma has 7 elements, expected [hidden=8]"), trident::usage_error);
+}
+
+TEST_CASE("cuda::rms_norm matches nn::rms_norm, accumulating dgamma like the host") {
+  for (const std::size_t hidden : {std::size_t{7}, std::size_t{300}}) {
+    const std::size_t rows = 23;
+    const nn::rms_norm host{hidden, 1e-6f};
+    const nn::cuda::rms_norm dev{hidden, 1e-6f};
+    const auto x = random_vector(rows * hidden, 71, -2.0f, 2.0f), gamma = random_vector(hidden, 72, 0.5f, 1.5f);
+    const auto dy = random_vector(rows * hidden, 73);
+    std::vector<float> y(x.size()), rrms(rows), dx(x.size());
+    auto dgamma = random_vector(hidden, 74);
+    auto d_x = to_device(x), d_gamma = to_device(gamma), d_dy = to_device(dy), d_dgamma = to_device(dgamma);
+    buffer<float, cuda_space> d_y(x.size()), d_rrms(rows), d_dx(x.size());
+    host.forward(rows, x, gamma, y, rrms);
+    host.backward(rows, x, gamma, rrms, dy, dx, dgamma);
+    dev.forward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_y.device_handle(), d_rrms.device_handle());
+    dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_rrms.device_handle(), d_dy.device_handle(),
+                 d_dx.device_handle(), d_dgamma.device_handle());
+    const std::string at = " (hidden " + std::to_string(hidden) + ")";
+    check_close(trident::to_vector(d_rrms), rrms, 0, 1e-6, "rrms" + at);
+    check_close(trident::to_vector(d_y), y, 1e-5, 1e-5, "y" + at);
+    check_close(trident::to_vector(d_dx), dx, 1e-5, 1e-5, "dx" + at);
+    check_close(trident::to_vector(d_dgamma), dgamma, 1e-5, 1e-5, "dgamma" + at);
+  }
+}
+
+TEST_CASE("cuda::causal_attention matches nn::causal_attention; probabilities() is forward's softmax bit for bit") {
+  // seq 70: more rows than the host's row blocks (64).
+  const nn::causal_attention host{.seq = 70, .batch = 2, .heads = 3, .head_dim = 8};
+  const nn::cuda::causal_attention dev{.seq = 70, .batch = 2, .heads = 3, .head_dim = 8};
+  REQUIRE(dev.probs_size() == host.probs_size());
+  const auto qkv = random_vector(host.qkv_size(), 51, -1.5f, 1.5f), dout = random_vector(host.out_size(), 52);
+  std::vector<float> out(host.out_size()), probs(host.probs_size()), dqkv(host.qkv_size());
+  host.forward(qkv, out, probs);
+  host.backward(qkv, probs, dout, dqkv);
+
+  trident::nn::cublas_handle blas;
+  auto d_qkv = to_device(qkv), d_dout = to_device(dout);
+  buffer<float, cuda_space> d_out(out.size()), d_probs(probs.size()), d_again(probs.size()), d_dqkv(qkv.size()),
+      d_ds(probs.size());
+  dev.forward(blas, 0, d_qkv.device_handle(), d_out.device_handle(), d_probs.device_handle());
+  dev.probabilities(blas, 0, d_qkv.device_handle(), d_again.device_handle());
+  dev.backward(blas, 0, d_qkv.device_handle(), d_probs.device_handle(), d_dout.device_handle(), d_dqkv.device_handle(),
+               d_ds.device_handle());
+  const auto got_probs = trident::to_vector(d_probs);
+  check_close(got_probs, probs, 1e-6, 1e-5, "probs");
+  CHECK(trident::to_vector(d_again) == got_probs);
+  bool masked = true;  // zeros above the diagonal, exactly, in every (batch, head)
+  for (std::size_t bh = 0; bh < 6; ++bh)
+    for (std::size_t i = 0; i < 70; ++i)
+      for (std::size_t j = i + 1; j < 70; ++j) masked = masked && got_probs[(bh * 70 + i) * 70 + j] == 0.0f;
+  CHECK(masked);
+  check_close(trident::to_vector(d_out), out, 1e-5, 1e-5, "out");
+  check_close(trident::to_vector(d_dqkv), dqkv, 1e-5, 1e-5, "dqkv");
+
+  buffer<float, cuda_space> small(10);
+  CHECK_THROWS_WITH_AS(dev.backward(blas, 0, d_qkv.device_handle(), d_probs.device_handle(), d_dout.device_handle(),
+                                    d_dqkv.device_handle(), small.device_handle()),
+                       doctest::Contains("the scratch ds has 10 elements"), trident::usage_error);
+}
+
+TEST_CASE("cuda::add_to is the host's float addition") {
+  const auto x = random_vector(5003, 61), y0 = random_vector(5003, 62);
+  auto d_x = to_device(x), d_y = to_device(y0);
+  nn::cuda::add_to(d_x.device_handle(), d_y.device_handle());
+  std::vector<float> y = y0;
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] += x[i];
+  CHECK(trident::to_vector(d_y) == y);
 }

@@ -8,6 +8,10 @@
 //     void gemm(cublasHandle_t, cudaStream_t, op op_a, op op_b, m, n, k, float alpha,
 //               const float* a, lda, const float* b, ldb, float beta, float* c, ldc)
 //         row-major C[m, n] = alpha op(A) op(B) + beta C on the stream: nn::gemm's contract
+//     void gemm_strided_batched(handle, stream, op_a, op_b, m, n, k, alpha, a, lda, stride_a,
+//               b, ldb, stride_b, beta, c, ldc, stride_c, count)
+//         the same for `count` problems, the i-th at a + i stride_a, b + i stride_b, c + i stride_c
+//         (one cublasSgemmStridedBatched: attention's products over every (batch, head))
 //
 // Host code: this header needs the CUDA toolkit's headers and cuBLAS, not nvcc, so a plain C++
 // translation unit linking trident::cuda can use it; without CUDA it declares nothing (like
@@ -123,6 +127,29 @@ inline void gemm(cublasHandle_t handle, cudaStream_t stream, op op_a, op op_b, s
   TRIDENT_CUBLAS_CHECK(cublasSgemm(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
                                    static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),
                                    &beta, c, static_cast<int>(ldc)));
+}
+
+//! `count` row-major GEMMs C_i = alpha op(A_i) op(B_i) + beta C_i, where X_i = x + i stride_x
+//! (elements), in one cublasSgemmStridedBatched on `stream`. The C_i must not overlap each other;
+//! they may interleave (attention writes each head's columns of rows shared by every head).
+inline void gemm_strided_batched(cublasHandle_t handle, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
+                                 std::size_t k, float alpha, const float* a, std::size_t lda, std::size_t stride_a,
+                                 const float* b, std::size_t ldb, std::size_t stride_b, float beta, float* c,
+                                 std::size_t ldc, std::size_t stride_c, std::size_t count) {
+  constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  TRIDENT_EXPECT(m <= limit && n <= limit && k <= limit && lda <= limit && ldb <= limit && ldc <= limit && count <= limit,
+                 "nn::cuda::gemm_strided_batched: sizes beyond int range (", count, " x ", m, " x ", n, " x ", k,
+                 ") for cublasSgemmStridedBatched");
+  if (m == 0 || n == 0 || count == 0) return;
+  TRIDENT_EXPECT(k > 0, "nn::cuda::gemm_strided_batched: k = 0 (an empty inner dimension) is not supported, unlike gemm");
+  TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  const auto to_blas = [](op o) { return o == op::n ? CUBLAS_OP_N : CUBLAS_OP_T; };
+  // Row-major as column-major transposes (see the header comment): B and A swap places.
+  TRIDENT_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+      static_cast<int>(ldb), static_cast<long long>(stride_b), a, static_cast<int>(lda), static_cast<long long>(stride_a), &beta,
+      c, static_cast<int>(ldc), static_cast<long long>(stride_c), static_cast<int>(count)));
 }
 
 }  // namespace cuda

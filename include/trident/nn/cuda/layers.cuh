@@ -8,6 +8,7 @@
 //                                                   dx = dy W (empty: skipped), dW += dy^T x, db += sum dy }
 //   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu
 //   void activation_backward<Act>(x, dy, dx, stream)
+//   void add_to(x, y, stream)                        y += x element-wise (residual connections)
 //   void mse_loss_forward(pred, target, device_span<float> loss, stream)          loss[0] = mean (pred - t)^2
 //   void mse_loss_backward(pred, target, dpred, float dloss, stream)
 //   void softmax_cross_entropy_forward(batch, classes, logits, targets, device_span<float> loss, stream)
@@ -70,6 +71,13 @@ __global__ void bias_grad_kernel(device_span<const float> dy, device_span<float>
     for (std::size_t r = 0; r < batch; ++r) acc = __fadd_rn(acc, dy[r * out + o]);
     db[o] = acc;
   }
+}
+
+template <class = void>  // a template so that several translation units may include this header
+__global__ void add_to_kernel(device_span<const float> x, device_span<float> y) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
+       i += std::size_t{gridDim.x} * blockDim.x)
+    y[i] = __fadd_rn(y[i], x[i]);
 }
 
 template <class Act>
@@ -244,6 +252,14 @@ void activation_backward(device_span<const float> x, device_span<const float> dy
   nn::detail::check_elementwise("cuda::activation_backward", x.size(), dx.size());
   if (x.empty()) return;
   detail::activation_backward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, dy, dx);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! y += x element-wise on `stream` (a residual connection), bitwise the host's float additions.
+inline void add_to(device_span<const float> x, device_span<float> y, cudaStream_t stream = 0) {
+  nn::detail::check_elementwise("cuda::add_to", x.size(), y.size());
+  if (x.empty()) return;
+  detail::add_to_kernel<><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
   TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 
