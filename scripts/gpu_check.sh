@@ -66,7 +66,8 @@ arch=${arch:-90}
 # TRIDENT_GPU_CHECK_ALL=1 builds every target.
 gpu_targets() {
   ctest --test-dir "$build" -N -L 'gpu|cuda|nccl' | sed -n 's/^ *Test *#[0-9]*: *//p' | sed 's/^/test_/; s/\./_/g'
-  echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp
+  echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp \
+    tensor_block_cuda
 }
 if [[ ${TRIDENT_GPU_CHECK_PREBUILT:-0} == 1 ]]; then
   summary+=("build|prebuilt|0|binaries carried in $build")
@@ -116,6 +117,11 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 else
   summary+=("bench torch AdamW(fused)|skip|0|no PyTorch with CUDA here")
 fi
+# issue 11: the tensor-parallel block's step on the GPU, t = 1 and t = 2 (two ranks sharing it)
+for ranks in 1 2; do
+  [[ -x $build/bench/tensor_block_cuda ]] && step "bench tensor block t = $ranks" "grep -E 'ms/step'" -- \
+    mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/bench/tensor_block_cuda"
+done
 [[ -x $build/bench/bench_comm_overhead ]] && step "bench NCCL wrapper vs raw (host)" \
   "grep -E '_median' | awk '{print \$1, \$2, \$3}' | head -6" -- \
   "$build/bench/bench_comm_overhead" --benchmark_filter=nccl --benchmark_repetitions=5 --benchmark_report_aggregates_only=true

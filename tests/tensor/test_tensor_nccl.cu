@@ -1,10 +1,14 @@
-// The tensor-parallel linear layers on the GPU over NCCL (mpirun -np 2 or 4: ranks share GPU 0,
-// told apart by NCCL_HOSTID): an MLP (column-parallel fc1 -> GELU -> row-parallel fc2) forward
-// and backward on the device, against the unsharded MLP computed on the host by every rank.
-// Skips (77) without a device, like the other NCCL tests.
+// Tensor parallelism on the GPU over NCCL (mpirun -np 2 or 4: ranks share GPU 0, told apart by
+// NCCL_HOSTID), each against the unsharded computation on the host, which every rank does for
+// itself: an MLP (column-parallel fc1 -> GELU -> row-parallel fc2); the vocabulary-parallel
+// embedding and cross-entropy; a whole pre-LayerNorm transformer block (with and without
+// selective recomputation and sequence parallelism), forward and backward. Skips (77) without a device, like the other
+// NCCL tests.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -14,15 +18,19 @@
 #include "trident/exec/cuda/stream.hpp"
 #include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/cuda/layers.cuh"
+#include "trident/comm/local.hpp"
+#include "trident/parallel/tensor/cuda/block.cuh"
 #include "trident/parallel/tensor/cuda/linear.cuh"
+#include "trident/parallel/tensor/cuda/vocab.cuh"
 
 namespace {
 
 std::optional<trident::nccl_comm> world;
 
-trident::buffer<float, trident::cuda_space> on_device(const std::vector<float>& host) {
-  trident::buffer<float, trident::cuda_space> b(host.size());
-  trident::copy(std::span<const float>(host), b);
+template <class T>
+trident::buffer<T, trident::cuda_space> on_device(const std::vector<T>& host) {
+  trident::buffer<T, trident::cuda_space> b(host.size());
+  trident::copy(std::span<const T>(host), b);
   return b;
 }
 trident::buffer<float, trident::cuda_space> zeros(std::size_t n) {
@@ -90,7 +98,157 @@ void mlp(bool overlap) {
   CHECK(tensor_suite::relative_error(on_host(d_db2), db2) <= 1e-5);
 }
 
+// The vocabulary-parallel embedding equals the unsharded lookup bit for bit (forward and the
+// table's gradient: the other ranks add exact zeros), the cross-entropy equals
+// nn::softmax_cross_entropy on the whole logits within 1e-6; a target outside the vocabulary
+// makes the loss NaN on every rank.
+void vocab() {
+  auto& tp = *world;
+  const int r = tp.rank();
+  const std::size_t n = 12, vocab = 24, hidden = 5;
+  std::vector<std::int32_t> tokens(n), targets(n);
+  const auto pick = tensor_suite::random(2 * n, 21);
+  for (std::size_t i = 0; i < n; ++i) {
+    tokens[i] = static_cast<std::int32_t>((pick[i] + 1.0f) * 0.5f * static_cast<float>(vocab)) % static_cast<std::int32_t>(vocab);
+    targets[i] = static_cast<std::int32_t>((pick[n + i] + 1.0f) * 0.5f * static_cast<float>(vocab)) % static_cast<std::int32_t>(vocab);
+  }
+  tokens[1] = tokens[0];  // a repeated token: its gradient rows add up
+  const auto table = tensor_suite::random(vocab * hidden, 22), dout = tensor_suite::random(n * hidden, 23);
+  std::vector<float> x(n * hidden), dtable(vocab * hidden, 0.0f);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < hidden; ++j) {
+      x[i * hidden + j] = table[static_cast<std::size_t>(tokens[i]) * hidden + j];
+      dtable[static_cast<std::size_t>(tokens[i]) * hidden + j] += dout[i * hidden + j];
+    }
+  const auto logits = tensor_suite::random(n * vocab, 24, 4.0f);
+  const float loss = trident::nn::softmax_cross_entropy::forward(n, vocab, logits, targets);
+  std::vector<float> dlogits(logits.size());
+  trident::nn::softmax_cross_entropy::backward(n, vocab, logits, targets, dlogits, 0.5f);
+
+  trident::cuda_context ctx;
+  const trident::tensor::cuda::vocab_parallel_embedding wte(tp, vocab, hidden, "wte");
+  const auto part = tensor_suite::part_of(wte.shape().weight_sharding(), r, table);
+  auto d_tokens = on_device(tokens), d_targets = on_device(targets);
+  auto d_part = on_device(part), d_dout = on_device(dout);
+  auto d_x = zeros(n * hidden), d_dpart = zeros(part.size());
+  const auto columns = trident::sharding::split_exact({n, vocab}, 1, tp.size(), "logits");
+  const auto mine = tensor_suite::part_of(columns, r, logits);
+  auto d_mine = on_device(mine), d_dmine = zeros(mine.size()), d_loss = zeros(1);
+  trident::tensor::cuda::vocab_parallel_cross_entropy ce(tp, vocab, "lm_head");
+  TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+  wte.forward(ctx, tp, d_tokens.device_handle(), d_part.device_handle(), d_x.device_handle());
+  wte.backward(ctx, tp, d_tokens.device_handle(), d_dout.device_handle(), d_dpart.device_handle());
+  ce.forward(ctx, tp, n, d_mine.device_handle(), d_targets.device_handle(), d_loss.device_handle());
+  ce.backward(ctx, n, d_mine.device_handle(), d_targets.device_handle(), d_dmine.device_handle(), 0.5f);
+  ctx.synchronize();
+  INFO("vocabulary-parallel layers on NCCL rank ", r, " of ", tp.size());
+  CHECK(on_host(d_x) == x);
+  CHECK(on_host(d_dpart) == tensor_suite::part_of(wte.shape().weight_sharding(), r, dtable));
+  const float got_loss = on_host(d_loss)[0];
+  INFO("loss ", got_loss, " vs ", loss);
+  CHECK(std::abs(got_loss - loss) <= 1e-6 * std::abs(loss));
+  CHECK(tensor_suite::relative_error(on_host(d_dmine), tensor_suite::part_of(columns, r, dlogits)) <= 1e-6);
+
+  // A target outside the vocabulary cannot be thrown from the device: the loss is NaN everywhere.
+  auto bad = targets;
+  bad[3] = static_cast<std::int32_t>(vocab);
+  auto d_bad = on_device(bad);
+  TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+  ce.forward(ctx, tp, n, d_mine.device_handle(), d_bad.device_handle(), d_loss.device_handle());
+  ctx.synchronize();
+  CHECK(std::isnan(on_host(d_loss)[0]));
+  // Sizes are checked on the host, before anything is launched or communicated.
+  CHECK_THROWS_WITH_AS(ce.forward(ctx, tp, n + 1, d_mine.device_handle(), d_targets.device_handle(), d_loss.device_handle()),
+                       doctest::Contains("lm_head.forward: this rank's logits have"), trident::usage_error);
+}
+
+// A pre-LayerNorm transformer block split over the group equals the unsharded block on the host:
+// the output, the input's gradient and every parameter's (this rank's parts, accumulated over two
+// passes, the overlap on and off), within 1e-5. With sequence parallelism the parallel block
+// takes and gives this rank's rows (seq / t positions).
+void block(bool selective, bool sequence_parallel) {
+  auto& tp = *world;
+  const int r = tp.rank();
+  namespace tensor = trident::tensor;
+  tensor::block_config config{.seq = 12, .batch = 2, .hidden = 24, .heads = 12, .ffn = 48};
+  const std::size_t n = config.seq * config.batch, h = config.hidden;
+  std::vector<std::vector<float>> full, part;
+  std::vector<float> y_ref(n * h), dx_ref(n * h);
+  std::vector<std::vector<float>> grads_ref;
+  const auto x = tensor_suite::random(n * h, 31), dy = tensor_suite::random(n * h, 32);
+  // The unsharded block, on one host rank.
+  const auto serial_config = config;
+  config.selective_recompute = selective;
+  config.sequence_parallel = sequence_parallel;
+  tensor::cuda::transformer_block dev(tp, config, "h0");
+  std::uint64_t k = 40;
+  for (const auto& p : dev.shape().parameters()) {
+    auto v = tensor_suite::random(p.split.numel(), ++k, 0.3f);
+    if (p.name.find(".ln") != std::string::npos && p.name.find("weight") != std::string::npos)
+      for (auto& e : v) e += 1.0f;
+    part.push_back(tensor_suite::part_of(p.split, r, v));
+    grads_ref.emplace_back(v.size(), 0.0f);
+    full.push_back(std::move(v));
+  }
+  trident::local_world::run(1, [&](trident::local_comm& alone) {
+    const tensor::transformer_block serial(alone, serial_config, "h0");
+    auto saved = serial.make_activations();
+    serial.forward(alone, tensor::block_tensors<const float>::over(full), x, y_ref, saved);
+    for (int pass = 0; pass < 2; ++pass)  // the gradients accumulate over both
+      serial.backward(alone, tensor::block_tensors<const float>::over(full), saved, dy, dx_ref,
+                      tensor::block_tensors<float>::over(grads_ref));
+  });
+
+  // This rank's rows: all of them, or its sequence shard (rows are sequence-major).
+  const std::size_t m = dev.shape().local_rows(), first = sequence_parallel ? static_cast<std::size_t>(r) * m : 0;
+  auto rows_of = [&](const std::vector<float>& v) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(first * h),
+                              v.begin() + static_cast<std::ptrdiff_t>((first + m) * h));
+  };
+  trident::cuda_context ctx;
+  trident::nn::cublas_handle blas;
+  std::vector<trident::buffer<float, trident::cuda_space>> d_w, d_g;
+  for (const auto& v : part) {
+    d_w.push_back(on_device(v));
+    d_g.push_back(zeros(v.size()));
+  }
+  auto d_x = on_device(rows_of(x)), d_dy = on_device(rows_of(dy)), d_y = zeros(m * h), d_dx = zeros(m * h);
+  auto saved = dev.make_activations();
+  TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+  const auto w = tensor::block_tensors<const float, trident::cuda_space>::over(d_w);
+  const auto g = tensor::block_tensors<float, trident::cuda_space>::over(d_g);
+  // Two passes that accumulate into the same gradients: the block with the overlap on, then a
+  // second block sharing its backward workspace with the overlap off.
+  tensor::cuda::transformer_block second(tp, config, "h0");
+  second.share_backward_workspace(dev);
+  second.set_overlap(false);
+  for (auto* b : {&dev, &second}) {
+    b->forward(ctx, blas, tp, w, d_x.device_handle(), d_y.device_handle(), saved);
+    b->backward(ctx, blas, tp, w, saved, d_dy.device_handle(), d_dx.device_handle(), g);
+  }
+  ctx.synchronize();
+
+  INFO("transformer block on NCCL rank ", r, " of ", tp.size(), selective ? ", selective recomputation" : "",
+       sequence_parallel ? ", sequence parallel" : "");
+  CHECK(tensor_suite::relative_error(on_host(d_y), rows_of(y_ref)) <= 1e-5);
+  CHECK(tensor_suite::relative_error(on_host(d_dx), rows_of(dx_ref)) <= 1e-5);
+  const auto params = dev.shape().parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].name);
+    CHECK(tensor_suite::relative_error(on_host(d_g[i]), tensor_suite::part_of(params[i].split, r, grads_ref[i])) <= 1e-5);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("vocabulary-parallel embedding and cross-entropy on NCCL = the unsharded ones") { vocab(); }
+
+TEST_CASE("a transformer block on NCCL = the unsharded block (selective recomputation, sequence parallelism)") {
+  block(false, false);
+  block(true, false);
+  block(false, true);
+  block(true, true);
+}
 
 TEST_CASE("tensor-parallel MLP on NCCL = the unsharded MLP (overlap on and off)") {
   mlp(true);

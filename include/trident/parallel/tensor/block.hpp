@@ -19,7 +19,8 @@
 //
 //   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps,
 //                             sequence_parallel, selective_recompute
-//   template <class T> struct block_tensors   one span per parameter, in parameters() order
+//   template <class T, class Space = host_space> struct block_tensors
+//                             one span per parameter, in parameters() order (device_span on CUDA)
 //   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads),
 //                             share_attention_workspace(other), share_backward_workspace(other);
 //                             nn::checkpointed<> wraps it
@@ -41,6 +42,9 @@
 //   auto saved = blk.make_activations();
 //   blk.forward(tp, weights, x, y, saved);
 //   blk.backward(tp, weights, saved, dy, dx, grads);     // grads accumulate (+=)
+//
+// On the GPU: tensor::cuda::transformer_block (parallel/tensor/cuda/block.cuh, nvcc) keeps its
+// shapes in this class and runs the same steps with nn::cuda's kernels over nccl_comm.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -49,12 +53,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/memory_space.hpp"
 #include "trident/model/flat_layout.hpp"
 #include "trident/model/init.hpp"
 #include "trident/model/sharding.hpp"
@@ -83,28 +89,34 @@ struct block_config {
   bool selective_recompute = false;
 };
 
-//! The block's parameters (or their gradients), one span each, this rank's parts.
-template <class T>
+//! The block's parameters (or their gradients), one span each, this rank's parts: std::span in
+//! host memory, device_span for tensor::cuda's block (Space = cuda_space).
+template <class T, class Space = host_space>
 struct block_tensors {
-  std::span<T> ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
-  std::span<T> ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  using span_type = std::conditional_t<Space::host_accessible, std::span<T>, device_span<T>>;
+  span_type ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
+  span_type ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
   static constexpr std::size_t count = 12;
   //! In parameters() order.
-  std::array<std::span<T>, count> all() const {
+  std::array<span_type, count> all() const {
     return {ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias,
             ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias};
   }
   //! From spans in parameters() order.
-  static block_tensors from(const std::array<std::span<T>, count>& s) {
+  static block_tensors from(const std::array<span_type, count>& s) {
     return {s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11]};
   }
-  //! Over `count` contiguous ranges (e.g. init_parameters()' vectors) in parameters() order.
+  //! Over `count` contiguous ranges in parameters() order: vectors (e.g. init_parameters()') or
+  //! host buffers, or device buffers (their device_handle()) for Space = cuda_space.
   template <class Ranges>
   static block_tensors over(Ranges& ranges) {
     TRIDENT_EXPECT(std::size(ranges) == count, "block_tensors::over: ", std::size(ranges), " tensors; expected ", count);
-    std::array<std::span<T>, count> s;
+    std::array<span_type, count> s;
     std::size_t i = 0;
-    for (auto& r : ranges) s[i++] = std::span<T>(r);
+    for (auto& r : ranges) {
+      if constexpr (Space::host_accessible) s[i++] = std::span<T>(r);
+      else s[i++] = r.device_handle();
+    }
     return from(s);
   }
 };
@@ -155,7 +167,8 @@ class transformer_block {
       : name_(std::move(name)), c_(validated(c, tp.size(), name_)), parts_(tp.size()), rank_(tp.rank()),
         qkv_(tp, c_.hidden, 3 * c_.hidden, name_ + ".attn.qkv"), proj_(tp, c_.hidden, c_.hidden, name_ + ".attn.proj"),
         fc1_(tp, c_.hidden, c_.ffn, name_ + ".mlp.fc1"), fc2_(tp, c_.ffn, c_.hidden, name_ + ".mlp.fc2") {
-    detail::require_host_comm<Comm>();
+    // Any communicator: forward and backward need a host one, while tensor::cuda's block keeps
+    // its shapes and parameters here.
     local_heads_ = c_.heads / static_cast<std::size_t>(parts_);
   }
 

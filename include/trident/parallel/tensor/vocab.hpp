@@ -57,10 +57,10 @@ class vocab_parallel_embedding {
   vocab_parallel_embedding(const Comm& tp, std::size_t vocab, std::size_t hidden, std::string name = "vocab_parallel_embedding")
       : name_(std::move(name)), parts_(tp.size()), hidden_(hidden),
         table_(sharding::split_exact({vocab, hidden}, 0, tp.size(), name_ + ".weight (vocabulary)")),
-        range_(table_.owned(tp.rank())) {
-    detail::require_host_comm<Comm>();
-  }
+        range_(table_.owned(tp.rank())) {}  // any communicator: the CUDA layers keep their shapes here
 
+  const std::string& name() const noexcept { return name_; }
+  int parts() const noexcept { return parts_; }
   std::size_t vocab() const noexcept { return table_.shape()[0]; }
   std::size_t hidden() const noexcept { return hidden_; }
   //! The table [vocab, hidden] split along axis 0; this rank's rows are vocab_range().
@@ -170,10 +170,10 @@ class vocab_parallel_cross_entropy {
   vocab_parallel_cross_entropy(const Comm& tp, std::size_t vocab, std::string name = "vocab_parallel_cross_entropy")
       : name_(std::move(name)), parts_(tp.size()), vocab_(vocab),
         columns_(sharding::split_exact({vocab}, 0, tp.size(), name_ + " (vocabulary)")),
-        range_(columns_.owned(tp.rank())) {
-    detail::require_host_comm<Comm>();
-  }
+        range_(columns_.owned(tp.rank())) {}  // any communicator: the CUDA layer keeps its shape here
 
+  const std::string& name() const noexcept { return name_; }
+  int parts() const noexcept { return parts_; }
   std::size_t vocab() const noexcept { return vocab_; }
   //! This rank's columns of the logits: [begin, end) of the vocabulary.
   index_range vocab_range() const noexcept { return range_; }

@@ -16,6 +16,9 @@
 //   fc2.backward(ctx, blas, tp, batch, a, w2, dy, da, dw2, db2);
 //   fc1.backward(ctx, blas, tp, batch, x, w1, dh, dx, dw1, db1); // dx summed (f), overlapped
 //
+// Sequence parallelism (Korthikanti et al.): fc2.forward_to_sequence reduce-scatters the partial
+// products to this rank's rows, fc1.backward_to_sequence reduce-scatters the input gradient.
+//
 // Backward of the column-parallel layer: dx = dy W_r on the compute stream, handed to the
 // communicator's stream for its all-reduce, while the weight-gradient GEMM runs on the compute
 // stream; the compute stream then waits for the all-reduce, so whatever comes next sees the sum.
@@ -98,6 +101,32 @@ class column_parallel_linear {
     ctx.order_after(tp.stream());  // what follows on the compute stream sees the sum
   }
 
+  //! Sequence parallelism: x [batch, in] is the all-gathered input, so the input gradient goes
+  //! back to sequence shards: `partial` [batch, in] (scratch) = dy W_r, reduce-scattered into dx
+  //! [batch / t, in] (overwritten) beside the weight-gradient GEMM (without overlap the GEMM is
+  //! queued first and the reduce-scatter waits for it); the host's backward_to_sequence.
+  template <communicator Comm>
+  void backward_to_sequence(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+                            device_span<const float> w, device_span<const float> dy, device_span<float> partial,
+                            device_span<float> dx, device_span<float> dw, device_span<float> db) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(name(), "backward_to_sequence", tp, tp_size());
+    const std::size_t in = local().in_features, out = local().out_features, t = static_cast<std::size_t>(tp_size());
+    nn::detail::check_linear_backward((name() + ".backward_to_sequence").c_str(), batch, in, out, x.size(), w.size(), dy.size(),
+                                      partial.size(), dw.size(), db.size());
+    TRIDENT_EXPECT(batch % t == 0 && dx.size() * t == partial.size(), name(), ".backward_to_sequence: dx has ", dx.size(),
+                   " elements, expected [", batch, " / ", tp_size(), ", ", in, "] (this rank's rows)");
+    const nn::cuda::linear layer{in, out};
+    nn::cuda::gemm(blas, ctx.stream(), nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f,
+                   partial.data(), in);
+    if (!overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+    ctx.hand_to(tp.stream());
+    tp.reduce_scatter(space_span<const float, cuda_space>(partial.data(), partial.size()),
+                      space_span<float, cuda_space>(dx.data(), dx.size()), reduce_op::sum);
+    if (overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+    ctx.order_after(tp.stream());
+  }
+
  private:
   const std::string& name() const noexcept { return shape_.name(); }
   const nn::linear& local() const noexcept { return shape_.local(); }
@@ -129,6 +158,28 @@ class row_parallel_linear {
     tp.all_reduce(space_span<float, cuda_space>(y.data(), y.size()), reduce_op::sum);
     ctx.order_after(tp.stream());
     detail::add_bias(ctx.stream(), y, b, out);  // once, after the sum
+  }
+
+  //! Sequence parallelism: the partial products [batch, out] (`partial`, scratch) are
+  //! reduce-scattered to this rank's rows, y [batch / t, out], and the bias is added there; the
+  //! host's forward_to_sequence. Backward is backward() with the all-gathered output gradient.
+  template <communicator Comm>
+  void forward_to_sequence(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+                           device_span<const float> w, device_span<const float> b, device_span<float> partial,
+                           device_span<float> y) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(shape_.name(), "forward_to_sequence", tp, tp_size());
+    const std::size_t in = shape_.local().in_features, out = shape_.local().out_features, t = static_cast<std::size_t>(tp_size());
+    nn::detail::check_linear_forward((shape_.name() + ".forward_to_sequence").c_str(), batch, in, out, x.size(), w.size(),
+                                     b.size(), partial.size());
+    TRIDENT_EXPECT(batch % t == 0 && y.size() * t == partial.size(), shape_.name(), ".forward_to_sequence: y has ", y.size(),
+                   " elements, expected [", batch, " / ", tp_size(), ", ", out, "] (this rank's rows)");
+    nn::cuda::linear{in, out}.forward(blas, ctx.stream(), batch, x, w, {}, partial);
+    ctx.hand_to(tp.stream());
+    tp.reduce_scatter(space_span<const float, cuda_space>(partial.data(), partial.size()),
+                      space_span<float, cuda_space>(y.data(), y.size()), reduce_op::sum);
+    ctx.order_after(tp.stream());
+    detail::add_bias(ctx.stream(), y, b, out);  // once, on this rank's rows
   }
 
   //! Local: dy is the same on every rank (g's backward is the identity).

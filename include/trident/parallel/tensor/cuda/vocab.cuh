@@ -1,0 +1,278 @@
+// trident-requires: nvcc
+#pragma once
+// The vocabulary-parallel embedding and cross-entropy of parallel/tensor/vocab.hpp on the GPU,
+// over a device communicator (nccl_comm): the same shardings and shape checks (the host classes
+// hold them: shape()), kernels on a cuda_context's compute stream, the all-reduces on the
+// communicator's stream, ordered by events both ways. Nothing waits on the host or allocates
+// after the first call.
+//
+//   trident::tensor::cuda::vocab_parallel_embedding wte(tp, vocab, hidden, "wte");
+//   wte.forward(ctx, tp, tokens, table_part, x);           // x [n, hidden], the same on every rank
+//   wte.backward(ctx, tp, tokens, dx, dtable_part);         // this rank's rows, accumulated
+//   trident::tensor::cuda::vocab_parallel_cross_entropy ce(tp, vocab, "lm_head");
+//   ce.forward(ctx, tp, n, logits_part, targets, loss);     // loss: one float in device memory
+//   ce.backward(ctx, n, logits_part, targets, dlogits_part);
+//
+// Tokens and targets live in device memory, so the host cannot check their values without
+// waiting for the device: a token or target outside [0, vocab) makes its row NaN on every rank
+// (its embedding row, its loss term and so the loss, its gradient row), as nn::cuda's
+// cross-entropy does, instead of an exception. Sizes are checked on the host, as there.
+//
+// Deterministic: row statistics over a fixed tree in double, the loss's mean over a fixed tree,
+// the table's gradient summed over positions in order (one thread per column); no atomics.
+#if !defined(__CUDACC__)
+#error "trident/parallel/tensor/cuda/vocab.cuh contains CUDA kernels: compile this translation unit with nvcc"
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
+#include "trident/exec/cuda/stream.hpp"
+#include "trident/nn/cuda/layers.cuh"
+#include "trident/parallel/tensor/cuda/linear.cuh"
+#include "trident/parallel/tensor/vocab.hpp"
+
+namespace trident::tensor::cuda {
+
+namespace detail {
+
+namespace k = nn::cuda::detail;
+
+// out[i, :] = the table's row of tokens[i] when this rank holds it, zeros when another does, NaN
+// when no rank does (outside [0, vocab)).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void embedding_lookup_kernel(device_span<const std::int32_t> tokens, device_span<const float> table,
+                                        device_span<float> out, std::size_t hidden, std::size_t begin, std::size_t end,
+                                        std::size_t vocab) {
+  const std::size_t total = tokens.size() * hidden;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total; e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t i = e / hidden, j = e % hidden;
+    const std::int32_t t = tokens[i];
+    float value = 0.0f;
+    if (t < 0 || static_cast<std::size_t>(t) >= vocab) value = NAN;
+    else if (static_cast<std::size_t>(t) >= begin && static_cast<std::size_t>(t) < end)
+      value = table[(static_cast<std::size_t>(t) - begin) * hidden + j];
+    out[e] = value;
+  }
+}
+
+// dtable[t - begin, j] += dout[i, j] for the positions i whose token t this rank holds, in
+// position order: one thread per column j (the host's order and rounding).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void embedding_grad_kernel(device_span<const std::int32_t> tokens, device_span<const float> dout,
+                                      device_span<float> dtable, std::size_t hidden, std::size_t begin, std::size_t end) {
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < hidden; j += std::size_t{gridDim.x} * blockDim.x)
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const std::int32_t t = tokens[i];
+      if (t < 0 || static_cast<std::size_t>(t) < begin || static_cast<std::size_t>(t) >= end) continue;
+      float* dst = dtable.data() + (static_cast<std::size_t>(t) - begin) * hidden + j;
+      *dst = __fadd_rn(*dst, dout[i * hidden + j]);
+    }
+}
+
+// Each row's maximum over this rank's columns (one block per row).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void row_max_kernel(device_span<const float> logits, std::size_t local, device_span<float> max) {
+  __shared__ float shared[k::block_size];
+  const std::size_t i = blockIdx.x;
+  const float* row = logits.data() + i * local;
+  float m = -INFINITY;
+  for (std::size_t c = threadIdx.x; c < local; c += k::block_size) m = row[c] > m ? row[c] : m;
+  m = k::block_reduce(m, shared, k::max_op{});
+  if (threadIdx.x == 0) max[i] = m;
+}
+
+// sums[i] = sum of exp(logit - max) over this rank's columns, sums[n + i] = the target's logit
+// where this rank holds it (0 elsewhere; NaN on every rank for a target outside the vocabulary).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void row_sums_kernel(device_span<const float> logits, device_span<const std::int32_t> targets, std::size_t local,
+                                device_span<const float> max, device_span<double> sums, std::size_t begin,
+                                std::size_t vocab) {
+  __shared__ double shared[k::block_size];
+  const std::size_t i = blockIdx.x, n = targets.size();
+  const float* row = logits.data() + i * local;
+  double s = 0;
+  for (std::size_t c = threadIdx.x; c < local; c += k::block_size) s += exp(static_cast<double>(row[c]) - max[i]);
+  s = k::block_reduce(s, shared, k::add_op{});
+  if (threadIdx.x == 0) {
+    sums[i] = s;
+    const std::int32_t t = targets[i];
+    double target = 0;
+    if (t < 0 || static_cast<std::size_t>(t) >= vocab) target = NAN;
+    else if (static_cast<std::size_t>(t) >= begin && static_cast<std::size_t>(t) < begin + local)
+      target = row[static_cast<std::size_t>(t) - begin];
+    sums[n + i] = target;
+  }
+}
+
+// loss[0] = the mean over rows of (max + log sum) - target logit, over a fixed tree (one block).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void mean_loss_kernel(device_span<const float> max, device_span<const double> sums, device_span<float> loss) {
+  __shared__ double shared[k::block_size];
+  const std::size_t n = max.size();
+  double total = 0;
+  for (std::size_t i = threadIdx.x; i < n; i += k::block_size)
+    total += (static_cast<double>(max[i]) + log(sums[i])) - sums[n + i];
+  total = k::block_reduce(total, shared, k::add_op{});
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(total / static_cast<double>(n));
+}
+
+// dlogits = scale (softmax - onehot(target)) on this rank's columns (one block per row).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void vocab_ce_backward_kernel(device_span<const float> logits, device_span<const std::int32_t> targets,
+                                         std::size_t local, device_span<const float> max, device_span<const double> sums,
+                                         device_span<float> dlogits, double scale, std::size_t begin, std::size_t vocab) {
+  const std::size_t i = blockIdx.x;
+  const float* row = logits.data() + i * local;
+  float* grad = dlogits.data() + i * local;
+  const std::int32_t t = targets[i];
+  const bool valid = t >= 0 && static_cast<std::size_t>(t) < vocab;
+  for (std::size_t c = threadIdx.x; c < local; c += k::block_size) {
+    const double p = exp(static_cast<double>(row[c]) - max[i]) / sums[i];
+    const double onehot = valid && begin + c == static_cast<std::size_t>(t) ? 1.0 : 0.0;
+    grad[c] = valid ? static_cast<float>(scale * (p - onehot)) : NAN;
+  }
+}
+
+inline unsigned rows_grid(const std::string& who, std::size_t n) {
+  TRIDENT_EXPECT(n <= 0x7fffffffu, who, ": ", n, " rows exceed the grid's limit");
+  return static_cast<unsigned>(n);
+}
+
+}  // namespace detail
+
+//! tensor::vocab_parallel_embedding on the GPU (see the header comment).
+class vocab_parallel_embedding {
+ public:
+  template <communicator Comm>
+  vocab_parallel_embedding(const Comm& tp, std::size_t vocab, std::size_t hidden, std::string name = "vocab_parallel_embedding")
+      : shape_(tp, vocab, hidden, std::move(name)) {}
+
+  //! The shapes and sharding (weight_sharding(), vocab_range()).
+  const tensor::vocab_parallel_embedding& shape() const noexcept { return shape_; }
+
+  //! out [n, hidden] = the rows of `tokens`, summed over the group (g): the same on every rank.
+  template <communicator Comm>
+  void forward(cuda_context& ctx, Comm& tp, device_span<const std::int32_t> tokens, device_span<const float> table,
+               device_span<float> out) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(shape_.name(), "forward", tp, shape_.parts());
+    check(".forward", tokens.size(), table.size(), out.size(), "out");
+    if (out.empty()) return;  // no tokens, or hidden = 0
+    const auto range = shape_.vocab_range();
+    detail::embedding_lookup_kernel<><<<nn::cuda::detail::grid_for(out.size()), nn::cuda::detail::block_size, 0, ctx.stream()>>>(
+        tokens, table, out, shape_.hidden(), range.begin, range.end, shape_.vocab());
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+    ctx.hand_to(tp.stream());
+    tp.all_reduce(space_span<float, cuda_space>(out.data(), out.size()), reduce_op::sum);  // one rank holds each row
+    ctx.order_after(tp.stream());
+  }
+
+  //! dtable (this rank's rows) += dout [n, hidden] of the tokens in its range, in order; dout
+  //! is the same on every rank (g's backward), so nothing is communicated.
+  template <communicator Comm>
+  void backward(const cuda_context& ctx, Comm& tp, device_span<const std::int32_t> tokens, device_span<const float> dout,
+                device_span<float> dtable) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(shape_.name(), "backward", tp, shape_.parts());
+    check(".backward", tokens.size(), dtable.size(), dout.size(), "dout");
+    if (tokens.empty() || shape_.hidden() == 0) return;
+    const auto range = shape_.vocab_range();
+    detail::embedding_grad_kernel<><<<nn::cuda::detail::grid_for(shape_.hidden()), nn::cuda::detail::block_size, 0,
+                                      ctx.stream()>>>(tokens, dout, dtable, shape_.hidden(), range.begin, range.end);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  void check(const char* call, std::size_t tokens, std::size_t table, std::size_t rows, const char* rows_name) const {
+    const std::string who = shape_.name() + call;
+    const std::size_t hidden = shape_.hidden(), local = shape_.weight_sharding().local_numel();
+    TRIDENT_EXPECT(table == local, who, ": this rank's table has ", table, " elements, expected [", shape_.vocab_range().size(),
+                   ", ", hidden, "] = ", local);
+    TRIDENT_EXPECT(rows == tokens * hidden, who, ": ", rows_name, " has ", rows, " elements, expected [", tokens, ", ", hidden,
+                   "] = ", tokens * hidden);
+  }
+
+  tensor::vocab_parallel_embedding shape_;
+};
+
+//! tensor::vocab_parallel_cross_entropy on the GPU (see the header comment). forward() keeps
+//! each row's maximum and sum of exponentials in device memory for backward(): call them in
+//! pairs, on the same context.
+class vocab_parallel_cross_entropy {
+ public:
+  template <communicator Comm>
+  vocab_parallel_cross_entropy(const Comm& tp, std::size_t vocab, std::string name = "vocab_parallel_cross_entropy")
+      : shape_(tp, vocab, std::move(name)) {}
+
+  const tensor::vocab_parallel_cross_entropy& shape() const noexcept { return shape_; }
+
+  //! loss[0] (device memory, one float) = the mean over n rows, the same on every rank.
+  //! logits: [n, vocab / t], this rank's columns.
+  template <communicator Comm>
+  void forward(cuda_context& ctx, Comm& tp, std::size_t n, device_span<const float> logits,
+               device_span<const std::int32_t> targets, device_span<float> loss) {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(shape_.name(), "forward", tp, shape_.parts());
+    const std::string who = shape_.name() + ".forward";
+    check(who, n, logits.size(), targets.size());
+    TRIDENT_EXPECT(loss.size() == 1, who, ": loss has ", loss.size(), " elements, expected 1");
+    if (max_.size() != n) {  // sized once for a fixed batch
+      max_ = buffer<float, cuda_space>(n, mem_category::activations);
+      sums_ = buffer<double, cuda_space>(2 * n, mem_category::activations);
+    }
+    const std::size_t local = shape_.vocab_range().size();
+    const unsigned grid = detail::rows_grid(who, n);
+    const auto block = nn::cuda::detail::block_size;
+    detail::row_max_kernel<><<<grid, block, 0, ctx.stream()>>>(logits, local, max_.device_handle());
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+    ctx.hand_to(tp.stream());
+    tp.all_reduce(space_span<float, cuda_space>(max_.data(), n), reduce_op::max);
+    ctx.order_after(tp.stream());
+    detail::row_sums_kernel<><<<grid, block, 0, ctx.stream()>>>(logits, targets, local, max_.device_handle(),
+                                                                 sums_.device_handle(), shape_.vocab_range().begin,
+                                                                 shape_.vocab());
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+    ctx.hand_to(tp.stream());
+    tp.all_reduce(space_span<double, cuda_space>(sums_.data(), 2 * n), reduce_op::sum);  // sums and target logits, one call
+    ctx.order_after(tp.stream());
+    detail::mean_loss_kernel<><<<1, block, 0, ctx.stream()>>>(max_.device_handle(), sums_.device_handle(), loss);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  //! dlogits [n, vocab / t] = dloss / n (softmax - onehot(target)) on this rank's columns
+  //! (overwritten), from the statistics of the last forward() over the same n rows.
+  void backward(const cuda_context& ctx, std::size_t n, device_span<const float> logits, device_span<const std::int32_t> targets,
+                device_span<float> dlogits, float dloss = 1.0f) const {
+    const std::string who = shape_.name() + ".backward";
+    check(who, n, logits.size(), targets.size());
+    TRIDENT_EXPECT(dlogits.size() == logits.size(), who, ": dlogits have ", dlogits.size(), " elements, expected [", n, ", ",
+                   shape_.vocab_range().size(), "] = ", logits.size());
+    TRIDENT_EXPECT(max_.size() == n, who, ": expected a forward() over the same ", n,
+                   " rows first (it keeps each row's statistics); the last one had ", max_.size());
+    const double scale = static_cast<double>(dloss) / static_cast<double>(n);
+    detail::vocab_ce_backward_kernel<><<<detail::rows_grid(who, n), nn::cuda::detail::block_size, 0, ctx.stream()>>>(
+        logits, targets, shape_.vocab_range().size(), max_.device_handle(), sums_.device_handle(), dlogits, scale,
+        shape_.vocab_range().begin, shape_.vocab());
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  void check(const std::string& who, std::size_t n, std::size_t logits, std::size_t targets) const {
+    const std::size_t local = shape_.vocab_range().size();
+    TRIDENT_EXPECT(n > 0, who, ": the mean over zero rows is undefined");
+    TRIDENT_EXPECT(logits == n * local, who, ": this rank's logits have ", logits, " elements, expected [n=", n,
+                   ", vocab/t=", local, "] = ", n * local);
+    TRIDENT_EXPECT(targets == n, who, ": targets have ", targets, " elements, expected n = ", n);
+  }
+
+  tensor::vocab_parallel_cross_entropy shape_;
+  buffer<float, cuda_space> max_;    // per row, over the whole vocabulary (last forward)
+  buffer<double, cuda_space> sums_;  // [sum of exp(logit - max) per row..., target logit per row...], all-reduced
+};
+
+}  // namespace trident::tensor::cuda
