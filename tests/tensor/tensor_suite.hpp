@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,13 @@ inline std::vector<float> random(std::size_t n, std::uint64_t seed, float scale 
   return test_support::splitmix_vector(n, seed, scale);
 }
 
-//! max |a - b| / max |b|: the relative error of a whole tensor (0 when both are 0).
+//! max |a - b| / max |b|: the relative error of a whole tensor (0 when both are 0); infinite
+//! where one has a NaN and the other not (std::max would drop it).
 inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   double diff = 0, scale = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return std::numeric_limits<double>::infinity();
     diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }

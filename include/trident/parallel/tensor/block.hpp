@@ -50,6 +50,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -322,17 +323,17 @@ class transformer_block {
     }
     // MLP: y = mid + fc2(gelu(fc1(ln2(mid)))).
     auto& ws = scratch();
-    const auto d_gelu = zeroed(ws.d_gelu, s.gelu_out.size()), d_fc1 = zeroed(ws.d_fc1, s.fc1_out.size());
-    const auto d_ln2 = zeroed(ws.d_ln2, n * h), d_mid = ws.d_mid.span().first(dy.size());
+    const auto d_gelu = sized(ws.d_gelu, s.gelu_out.size()), d_fc1 = sized(ws.d_fc1, s.fc1_out.size());
+    const auto d_ln2 = sized(ws.d_ln2, n * h), d_mid = ws.d_mid.span().first(dy.size());
     std::copy(dy.begin(), dy.end(), d_mid.begin());
     fc2_.backward(tp, n, s.gelu_out.span(), w.fc2_weight, dy, d_gelu, g.fc2_weight, g.fc2_bias);
     nn::gelu::backward(s.fc1_out.span(), d_gelu, d_fc1);
     fc1_.backward(tp, n, s.ln2_out.span(), w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // summed (f)
-    const auto d_norm = zeroed(ws.d_norm, n * h);
+    const auto d_norm = sized(ws.d_norm, n * h);
     ln.backward(n, s.mid.span(), w.ln2_weight, s.ln2_mean.span(), s.ln2_rstd.span(), d_ln2, d_norm, g.ln2_weight, g.ln2_bias);
     for (std::size_t i = 0; i < n * h; ++i) d_mid[i] += d_norm[i];
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
-    const auto d_attn = zeroed(ws.d_attn, s.attn.size()), d_qkv = zeroed(ws.d_qkv, s.qkv.size()), d_ln1 = zeroed(ws.d_ln1, n * h);
+    const auto d_attn = sized(ws.d_attn, s.attn.size()), d_qkv = sized(ws.d_qkv, s.qkv.size()), d_ln1 = sized(ws.d_ln1, n * h);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
     attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
     qkv_.backward(tp, n, s.ln1_out.span(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
@@ -372,9 +373,9 @@ class transformer_block {
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
     const nn::layer_norm ln{h, c_.eps};
     auto& ws = scratch();
-    const auto full = zeroed(ws.full, n * h), gathered = zeroed(ws.gathered, n * h), partial = zeroed(ws.partial, n * h);
-    const auto d_gelu = zeroed(ws.d_gelu, s.gelu_out.size()), d_fc1 = zeroed(ws.d_fc1, s.fc1_out.size());
-    const auto d_ln2 = zeroed(ws.d_ln2, m * h), d_norm = zeroed(ws.d_norm, m * h);
+    const auto full = sized(ws.full, n * h), gathered = sized(ws.gathered, n * h), partial = sized(ws.partial, n * h);
+    const auto d_gelu = sized(ws.d_gelu, s.gelu_out.size()), d_fc1 = sized(ws.d_fc1, s.fc1_out.size());
+    const auto d_ln2 = sized(ws.d_ln2, m * h), d_norm = sized(ws.d_norm, m * h);
     const auto d_mid = ws.d_mid.span().first(dy.size());
     std::copy(dy.begin(), dy.end(), d_mid.begin());
     std::vector<float> norms(4 * h, 0.0f);  // ln1 weight, ln1 bias, ln2 weight, ln2 bias: this rank's rows
@@ -389,7 +390,7 @@ class transformer_block {
     ln.backward(m, s.mid.span(), w.ln2_weight, s.ln2_mean.span(), s.ln2_rstd.span(), d_ln2, d_norm, n2w, n2b);
     for (std::size_t i = 0; i < m * h; ++i) d_mid[i] += d_norm[i];
     // Attention.
-    const auto d_attn = zeroed(ws.d_attn, s.attn.size()), d_qkv = zeroed(ws.d_qkv, s.qkv.size()), d_ln1 = zeroed(ws.d_ln1, m * h);
+    const auto d_attn = sized(ws.d_attn, s.attn.size()), d_qkv = sized(ws.d_qkv, s.qkv.size()), d_ln1 = sized(ws.d_ln1, m * h);
     reduce_scatter_to_sequence::backward(tp, d_mid, full);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
     attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
@@ -426,20 +427,26 @@ class transformer_block {
     if (!backward_ws_) {
       const std::size_t rows_h = rows() * c_.hidden, features = rows() * fc1_.local_out_features();
       const std::size_t heads = rows() * local_heads_ * head_dim(), sp = c_.sequence_parallel ? rows_h : 0;
-      auto make = [](std::size_t n) { return buffer<float, host_space>(n, mem_category::other); };
+      auto make = [](std::size_t n) {
+        buffer<float, host_space> b(n, mem_category::other);
+        const auto all = b.span();
+        std::fill(all.begin(), all.end(), std::numeric_limits<float>::quiet_NaN());  // see sized()
+        return b;
+      };
       backward_ws_ = std::make_shared<backward_workspace>(backward_workspace{
           make(features), make(features), make(heads), make(3 * heads), make(rows_h), make(rows_h), make(rows_h), make(rows_h),
           make(sp), make(sp), make(sp)});
     }
     return *backward_ws_;
   }
-  // The first `size` elements of b, set to zero (backward's vectors were value-initialised).
-  static std::span<float> zeroed(buffer<float, host_space>& b, std::size_t size) {
+  // The first `size` elements of b, as they are: every one is overwritten before backward reads
+  // it (GEMMs with beta 0, which never read C; element-wise layers; collectives' outputs), so
+  // nothing is cleared per step (clearing was 5% of the flagship's CPU step). The workspace
+  // starts as NaN (scratch()), so a read before a write would show in every result.
+  static std::span<float> sized(buffer<float, host_space>& b, std::size_t size) {
     TRIDENT_EXPECT(size <= b.size(), "transformer_block: backward's workspace holds ", b.size(), " elements, needs ", size,
                    " (a workspace shared with a block of other sizes?)");
-    const auto out = b.span().first(size);
-    std::fill(out.begin(), out.end(), 0.0f);
-    return out;
+    return b.span().first(size);
   }
   void check_activations(const block_activations& s) const {
     TRIDENT_EXPECT(s.probs.size() == (c_.selective_recompute ? 0 : attention().probs_size()) && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
