@@ -11,8 +11,9 @@
 // torch.nn.LayerNorm(hidden, eps) (biased variance) and torch.nn.RMSNorm(hidden, eps) on
 // x [rows, hidden]. forward saves each row's statistics (mean and 1/sqrt(var + eps); or
 // 1/sqrt(mean(x^2) + eps)), which backward takes back, as autograd saves them. Row sums run in
-// double in index order: deterministic. dx is overwritten; dgamma and dbeta accumulate (+=)
-// over rows and calls, like every parameter gradient in nn/. Under sequence parallelism a norm
+// double over eight lanes in a fixed order (detail::lane_sum): deterministic. dx is overwritten;
+// dgamma and dbeta accumulate (+=) over rows and calls, like every parameter gradient in nn/.
+// Under sequence parallelism a norm
 // runs on a rank's rows only, and its dgamma/dbeta are partial sums that the caller reduces
 // over the tensor group (parallel/tensor/block.hpp does).
 //
@@ -44,6 +45,39 @@ inline void check_norm(const char* who, std::size_t rows, std::size_t hidden, st
   TRIDENT_EXPECT(stats == rows, who, ": the row statistics have ", stats, " elements, expected [rows=", rows, "]");
 }
 
+// The sum of term(j) for j in [0, n), in double, over eight lanes: lane k adds the terms j = k
+// mod 8 in index order, and the lanes are added in a fixed tree. Deterministic (the same bits
+// on every run and machine), and eight independent chains instead of one, so the CPU overlaps
+// the additions (a single chain in index order was latency-bound: LayerNorm was 7.5% of the
+// flagship's CPU step).
+template <class Term>
+inline double lane_sum(std::size_t n, Term term) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (std::size_t k = 0; k < 8; ++k) lane[k] += term(j + k);
+  for (; j < n; ++j) lane[j % 8] += term(j);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// Two such sums in one pass.
+template <class Term>
+inline void lane_sum2(std::size_t n, Term term, double& first, double& second) {
+  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const auto add = [&](std::size_t j, std::size_t k) {
+    double x = 0, y = 0;
+    term(j, x, y);
+    a[k] += x;
+    b[k] += y;
+  };
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (std::size_t k = 0; k < 8; ++k) add(j + k, k);
+  for (; j < n; ++j) add(j, j % 8);
+  first = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  second = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+}
+
 }  // namespace detail
 
 //! torch.nn.LayerNorm(hidden, eps=eps) with weight gamma and bias beta (beta may be empty).
@@ -63,12 +97,10 @@ struct layer_norm {
                    " elements, expected ", hidden, " (or none)");
     for (std::size_t r = 0; r < rows; ++r) {
       const float* row = x.data() + r * hidden;
-      double sum = 0;
-      for (std::size_t j = 0; j < hidden; ++j) sum += row[j];
-      const double mu = sum / static_cast<double>(hidden);
-      double var = 0;
-      for (std::size_t j = 0; j < hidden; ++j) var += (row[j] - mu) * (row[j] - mu);
-      var /= static_cast<double>(hidden);
+      const double mu = detail::lane_sum(hidden, [&](std::size_t j) { return static_cast<double>(row[j]); }) /
+                        static_cast<double>(hidden);
+      const double var = detail::lane_sum(hidden, [&](std::size_t j) { return (row[j] - mu) * (row[j] - mu); }) /
+                         static_cast<double>(hidden);
       mean[r] = static_cast<float>(mu);
       rstd[r] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
       float* out = y.data() + r * hidden;
@@ -94,12 +126,14 @@ struct layer_norm {
       const float* row = x.data() + r * hidden;
       const float* grow = dy.data() + r * hidden;
       double sum_g = 0, sum_gx = 0;
-      for (std::size_t j = 0; j < hidden; ++j) {
-        const double xhat = static_cast<double>((row[j] - mean[r]) * rstd[r]);
-        const double g = static_cast<double>(grow[j]) * gamma[j];
-        sum_g += g;
-        sum_gx += g * xhat;
-      }
+      detail::lane_sum2(
+          hidden,
+          [&](std::size_t j, double& g_term, double& gx_term) {
+            const double xhat = static_cast<double>((row[j] - mean[r]) * rstd[r]);
+            g_term = static_cast<double>(grow[j]) * gamma[j];
+            gx_term = g_term * xhat;
+          },
+          sum_g, sum_gx);
       const double n = static_cast<double>(hidden);
       float* out = dx.data() + r * hidden;
       for (std::size_t j = 0; j < hidden; ++j) {
@@ -127,8 +161,7 @@ struct rms_norm {
     detail::check_norm("rms_norm::forward", rows, hidden, x.size(), gamma.size(), y.size(), rrms.size());
     for (std::size_t r = 0; r < rows; ++r) {
       const float* row = x.data() + r * hidden;
-      double sum = 0;
-      for (std::size_t j = 0; j < hidden; ++j) sum += static_cast<double>(row[j]) * row[j];
+      const double sum = detail::lane_sum(hidden, [&](std::size_t j) { return static_cast<double>(row[j]) * row[j]; });
       rrms[r] = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(hidden) + static_cast<double>(eps)));
       float* out = y.data() + r * hidden;
       for (std::size_t j = 0; j < hidden; ++j) out[j] = row[j] * rrms[r] * gamma[j];
@@ -145,9 +178,9 @@ struct rms_norm {
     for (std::size_t r = 0; r < rows; ++r) {
       const float* row = x.data() + r * hidden;
       const float* grow = dy.data() + r * hidden;
-      double sum_gx = 0;
-      for (std::size_t j = 0; j < hidden; ++j)
-        sum_gx += static_cast<double>(grow[j]) * gamma[j] * (static_cast<double>(row[j]) * rrms[r]);
+      const double sum_gx = detail::lane_sum(hidden, [&](std::size_t j) {
+        return static_cast<double>(grow[j]) * gamma[j] * (static_cast<double>(row[j]) * rrms[r]);
+      });
       const double mean_gx = sum_gx / static_cast<double>(hidden);
       float* out = dx.data() + r * hidden;
       for (std::size_t j = 0; j < hidden; ++j) {
