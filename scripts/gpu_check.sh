@@ -102,6 +102,9 @@ for ranks in 4; do
   [[ -x $build/tests/test_offload_nccl ]] && step "offload.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_offload_nccl"
 done
+# t = 3 divides the tensor-parallel test's heads, features, vocabulary and sequence (issue 11)
+[[ -x $build/tests/test_tensor_nccl ]] && step "tensor.nccl -np 3" \
+  "grep -E 'test cases' | tail -1" -- mpirun -np 3 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_tensor_nccl"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 

@@ -43,7 +43,7 @@ std::vector<float> on_host(const trident::buffer<float, trident::cuda_space>& b)
 void mlp(bool overlap) {
   auto& tp = *world;
   const int r = tp.rank();
-  const std::size_t batch = 6, hidden = 16, ffn = 64;
+  const std::size_t batch = 6, hidden = 16, ffn = 48;  // ffn divides over t = 2, 3, 4
   const auto x = tensor_suite::random(batch * hidden, 7);
   const auto w1 = tensor_suite::random(ffn * hidden, 8, 0.3f), b1 = tensor_suite::random(ffn, 9, 0.1f);
   const auto w2 = tensor_suite::random(hidden * ffn, 10, 0.3f), b2 = tensor_suite::random(hidden, 11, 0.1f);
