@@ -140,16 +140,8 @@ struct causal_attention {
       }
   }
 
- private:
-  // Rows of a GEMM at a time: a block's rows see columns up to its end, so the products skip
-  // what the causal mask removes (about half) and each element's sum depends on its block alone.
-  static constexpr std::size_t row_block = 64;
-  std::size_t qkv_stride() const noexcept { return batch * heads * 3 * head_dim; }  // between positions
-  std::size_t out_stride() const noexcept { return batch * heads * head_dim; }
-  // The offset of position i, batch b, head h's query (0), key (1) or value (2).
-  std::size_t at(std::size_t i, std::size_t b, std::size_t h, std::size_t which) const noexcept {
-    return (((i * batch + b) * heads + h) * 3 + which) * head_dim;
-  }
+  //! Throws usage_error, naming `who` and the expected shapes, unless the sizes are this
+  //! attention's (nn::cuda::causal_attention checks with it too).
   void check(const char* who, std::size_t qkv, std::size_t out, std::size_t probs) const {
     TRIDENT_EXPECT(seq > 0 && batch > 0 && heads > 0 && head_dim > 0, who, ": expected non-zero seq, batch, heads and "
                    "head_dim, got ", seq, ", ", batch, ", ", heads, ", ", head_dim);
@@ -159,6 +151,17 @@ struct causal_attention {
                    ", heads=", heads, ", head_dim=", head_dim, "] = ", out_size());
     TRIDENT_EXPECT(probs == probs_size(), who, ": probs have ", probs, " elements, expected [batch=", batch,
                    ", heads=", heads, ", seq=", seq, ", seq] = ", probs_size());
+  }
+
+ private:
+  // Rows of a GEMM at a time: a block's rows see columns up to its end, so the products skip
+  // what the causal mask removes (about half) and each element's sum depends on its block alone.
+  static constexpr std::size_t row_block = 64;
+  std::size_t qkv_stride() const noexcept { return batch * heads * 3 * head_dim; }  // between positions
+  std::size_t out_stride() const noexcept { return batch * heads * head_dim; }
+  // The offset of position i, batch b, head h's query (0), key (1) or value (2).
+  std::size_t at(std::size_t i, std::size_t b, std::size_t h, std::size_t which) const noexcept {
+    return (((i * batch + b) * heads + h) * 3 + which) * head_dim;
   }
 };
 

@@ -151,14 +151,7 @@ struct causal_attention {
     return static_cast<unsigned>(n);
   }
   void check(const char* who, std::size_t qkv, std::size_t out, std::size_t probs) const {
-    TRIDENT_EXPECT(seq > 0 && batch > 0 && heads > 0 && head_dim > 0, who, ": expected non-zero seq, batch, heads and "
-                   "head_dim, got ", seq, ", ", batch, ", ", heads, ", ", head_dim);
-    TRIDENT_EXPECT(qkv == qkv_size(), who, ": qkv has ", qkv, " elements, expected [seq=", seq, ", batch=", batch,
-                   ", heads=", heads, ", 3, head_dim=", head_dim, "] = ", qkv_size());
-    TRIDENT_EXPECT(out == out_size(), who, ": out has ", out, " elements, expected [seq=", seq, ", batch=", batch,
-                   ", heads=", heads, ", head_dim=", head_dim, "] = ", out_size());
-    TRIDENT_EXPECT(probs == probs_size(), who, ": probs have ", probs, " elements, expected [batch=", batch,
-                   ", heads=", heads, ", seq=", seq, ", seq] = ", probs_size());
+    host().check(who, qkv, out, probs);
   }
 };
 

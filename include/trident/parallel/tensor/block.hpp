@@ -125,8 +125,10 @@ struct block_tensors {
 //! What forward keeps for backward, allocated once by make_activations and reused every step:
 //! buffers charged to the memory ledger as mem_category::activations (the scratch of sequence
 //! parallelism as communication), so what a rank keeps per block is measured, not estimated.
-struct block_activations {
-  using storage = buffer<float, host_space>;
+//! In host memory here (block_activations), in device memory for tensor::cuda's block.
+template <class Space>
+struct basic_block_activations {
+  using storage = buffer<float, Space>;
   storage x;                           // the block's input
   storage ln1_mean, ln1_rstd, ln1_out;
   storage qkv, probs, attn;            // this rank's heads (probs empty under selective recomputation)
@@ -138,6 +140,7 @@ struct block_activations {
   // kept from forward to backward (the norms' outputs are gathered again there).
   storage gathered, partial;
 };
+using block_activations = basic_block_activations<host_space>;
 
 //! Where selective recomputation puts the attention probabilities it recomputes: one per stack
 //! of blocks that share it.

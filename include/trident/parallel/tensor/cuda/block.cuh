@@ -50,21 +50,9 @@
 
 namespace trident::tensor::cuda {
 
-//! What forward keeps for backward, in device memory (mem_category::activations; sequence
-//! parallelism's scratch as communication), allocated once by make_activations(): the host's
-//! block_activations.
-struct block_activations {
-  using storage = buffer<float, cuda_space>;
-  storage x;  // the block's input
-  storage ln1_mean, ln1_rstd, ln1_out;
-  storage qkv, probs, attn;  // this rank's heads (probs empty under selective recomputation)
-  storage mid;               // x + attention's output
-  storage ln2_mean, ln2_rstd, ln2_out;
-  storage fc1_out, gelu_out;  // this rank's ffn features
-  // Sequence parallelism: the gathered norm outputs and the partial products before their
-  // reduce-scatter ([seq x batch, hidden] each); nothing in them is kept for backward.
-  storage gathered, partial;
-};
+//! What forward keeps for backward, in device memory: the host block's fields
+//! (tensor::basic_block_activations), allocated once by make_activations().
+using block_activations = tensor::basic_block_activations<cuda_space>;
 
 //! backward's scratch (mem_category::other): the gradients between its layers, attention's
 //! dS, the recomputed probabilities under selective recomputation, and sequence parallelism's
