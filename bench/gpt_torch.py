@@ -118,7 +118,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(hidden, eps=1e-5)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.ln_f(x) @ self.wte.weight.t()  # the head is the token embedding (tied)

@@ -11,6 +11,8 @@
 #   TRIDENT_GPU_CHECK_BUILD_ONLY=1 bash scripts/gpu_check.sh   # no GPU needed: configure + build
 #   TRIDENT_GPU_CHECK_PREBUILT=1 bash scripts/gpu_check.sh      # run what a build-only run left in
 #                                                               # $TRIDENT_GPU_BUILD (see below)
+#   TRIDENT_GPU_CHECK_ONLY='gpt' bash scripts/gpu_check.sh      # only the steps whose names match
+#                                                               # this extended regex (a re-run)
 #
 # To spend the GPU's time on running rather than compiling, build here with BUILD_ONLY, stage the
 # binaries with scripts/gpu_stage.sh and run PREBUILT there (the command is in that script).
@@ -35,6 +37,9 @@ step() {  # step NAME FIGURE_COMMAND -- COMMAND...: runs COMMAND, logs it, recor
   local name=$1 figure_cmd=$2
   shift 3
   local log="$logs/${name//[^A-Za-z0-9_.-]/_}.log" start=$SECONDS status
+  if [[ -n ${TRIDENT_GPU_CHECK_ONLY:-} && $name != build && $name != configure ]] && ! grep -qE "$TRIDENT_GPU_CHECK_ONLY" <<<"$name"; then
+    return 0   # not asked for in this run (no row)
+  fi
   echo "== $name: $*"
   timeout "${TRIDENT_GPU_STEP_TIMEOUT:-900}" "$@" >"$log" 2>&1   # a hang costs one step, not the lease
   status=$?
@@ -67,7 +72,7 @@ arch=${arch:-90}
 gpu_targets() {
   ctest --test-dir "$build" -N -L 'gpu|cuda|nccl' | sed -n 's/^ *Test *#[0-9]*: *//p' | sed 's/^/test_/; s/\./_/g'
   echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp \
-    tensor_block_cuda
+    tensor_block_cuda gpt_cuda flagship
 }
 if [[ ${TRIDENT_GPU_CHECK_PREBUILT:-0} == 1 ]]; then
   summary+=("build|prebuilt|0|binaries carried in $build")
@@ -105,6 +110,17 @@ done
 # t = 3 divides the tensor-parallel test's heads, features, vocabulary and sequence (issue 11)
 [[ -x $build/tests/test_tensor_nccl ]] && step "tensor.nccl -np 3" \
   "grep -E 'test cases' | tail -1" -- mpirun -np 3 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_tensor_nccl"
+# issue 13: the flagship GPT on the GPU against the host's serial run; ctest ran it with 4 ranks
+for ranks in 1 2; do
+  [[ -x $build/tests/test_gpt_nccl ]] && step "gpt.nccl -np $ranks" \
+    "grep -E 'test cases|largest relative' | tail -2" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_gpt_nccl"
+done
+# The flagship's command line on the GPU (the KJV shards: staged with the binaries, or made here)
+kjv=$build/data/kjv
+[[ -f ${kjv}_train.bin ]] || kjv=$root/build/data/kjv
+[[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship --backend nccl" \
+  "grep -E '^ *step|loss .* ->' | tail -2" -- mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME \
+  "$build/examples/01_flagship/flagship" --backend nccl --share-gpu --tensor 2 --zero 1 --steps 40 --data "$kjv" --out "$logs/flagship"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 
@@ -125,6 +141,15 @@ for ranks in 1 2; do
   [[ -x $build/bench/tensor_block_cuda ]] && step "bench tensor block t = $ranks" "grep -E 'ms/step'" -- \
     mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/bench/tensor_block_cuda"
 done
+# issue 13: GPT-2 124M's training step on one GPU, trident (fp32; TF32 GEMMs) against PyTorch
+# (eager fp32 and TF32, torch.compile with bf16 autocast) on the same GPU
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident fp32" "grep -E 'ms/step'" -- \
+  mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda"
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident tf32" "grep -E 'ms/step'" -- \
+  mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --tf32
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"
+fi
 [[ -x $build/bench/bench_comm_overhead ]] && step "bench NCCL wrapper vs raw (host)" \
   "grep -E '_median' | awk '{print \$1, \$2, \$3}' | head -6" -- \
   "$build/bench/bench_comm_overhead" --benchmark_filter=nccl --benchmark_repetitions=5 --benchmark_report_aggregates_only=true

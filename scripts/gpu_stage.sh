@@ -30,6 +30,10 @@ grep -qx '/.gpu-stage/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-sta
 (cd "$build" && find tests bench examples -maxdepth 2 -type f -executable ! -name '*.so' ! -path '*/CMakeFiles/*' -print0 |
   xargs -0 cp --parents -t "$stage")
 find "$stage" -type f -executable -exec strip --strip-debug {} +
+# The flagship's KJV shards (scripts/prepare_data.py), for gpu_check's flagship step.
+if compgen -G "$root/build/data/kjv_*.bin" >/dev/null; then
+  mkdir -p "$stage/data" && cp "$root"/build/data/kjv_*.bin "$stage/data/"
+fi
 mkdir -p "$stage/lib"
 # Not on the GPU machine (GPU.md), or under another name there: liburing, Debian's Google
 # Benchmark, OpenMPI's C++ bindings. Ours go along (LD_LIBRARY_PATH=.gpu-stage/lib there).

@@ -190,8 +190,10 @@ std::vector<gpt_parameter> gpt_parameters(const Comm& tp, const gpt_config& c, s
   out.push_back({"wte", wte.weight_sharding(), detail::stream_of(seed, 1)});
   out.push_back({"wpe", trident::sharding::replicated({c.seq, c.hidden}), detail::stream_of(seed, 2)});
   for (std::size_t l = 0; l < c.layers; ++l) {
+    std::string name = "h";  // not "h" + to_string(l): g++ 12 -O3 warns falsely on that (-Wrestrict)
+    name += std::to_string(l);
     const tensor::transformer_block b(tp, {.seq = c.seq, .batch = 1, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps},
-                                      "h" + std::to_string(l));
+                                      name);
     for (auto& p : detail::block_parameters(b, seed, static_cast<int>(l), static_cast<int>(c.layers))) out.push_back(std::move(p));
   }
   out.push_back({"ln_f.weight", trident::sharding::replicated({c.hidden}), detail::stream_of(seed, 3), gpt_parameter::kind::ones});

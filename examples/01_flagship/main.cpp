@@ -6,6 +6,8 @@
 //                                               the KJV shards of scripts/prepare_data.py
 //   ./flagship --ranks 8 --tensor 2 --pipeline 2 --zero 3 --steps 300
 //   mpirun -np 4 ./flagship --backend mpi --tensor 2
+//   mpirun -np 2 ./flagship --backend nccl --tensor 2        one GPU per rank (gpt_cuda.cuh: fp32,
+//                                                             one pipeline stage)
 //   ./flagship --help
 //
 // It prints each rank's memory by category after the first step, a progress line per step
@@ -33,8 +35,15 @@
 #include "trident/comm/local.hpp"
 #include "trident/core/config.hpp"
 #include "trident/core/memory_ledger.hpp"
+#ifndef FLAGSHIP_HAS_CUDA
+#define FLAGSHIP_HAS_CUDA 0
+#endif
 #if TRIDENT_HAS_MPI
 #include "trident/comm/mpi.hpp"
+#endif
+#if FLAGSHIP_HAS_CUDA
+#include "train_cuda.hpp"
+#include "trident/core/cuda_runtime.hpp"
 #endif
 
 namespace {
@@ -56,7 +65,10 @@ struct settings {
 };
 
 constexpr const char* usage = R"(usage: flagship [options]
-  --backend local|mpi    thread ranks of this process (default) or MPI ranks (under mpirun)
+  --backend local|mpi|nccl   thread ranks of this process (default), MPI ranks (under mpirun), or
+                         NCCL ranks on GPUs (under mpirun; one GPU per rank, fp32, one pipeline
+                         stage, no validation, traces or checkpoints yet)
+  --share-gpu            nccl: every rank on GPU 0 (NCCL over sockets: for checking, not speed)
   --ranks N              thread ranks (default 4)
   --config FILE          a DeepSpeed config with a "trident" section (examples/01_flagship/configs);
                          the options below override it
@@ -83,7 +95,7 @@ using arguments = std::vector<std::pair<std::string, std::string>>;  // (option,
 // The options and their values, checked for names and arity; applied later, once the world
 // size is known (a config's batch sizes depend on it).
 arguments collect(int argc, char** argv) {
-  static const std::vector<std::string> flags{"--sequence-parallel", "--resume"};
+  static const std::vector<std::string> flags{"--sequence-parallel", "--resume", "--share-gpu"};
   static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
                                                "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
                                                "--seed", "--precision", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
@@ -237,6 +249,15 @@ void with_precision(const std::string& name, F&& f) {
   else f(trident::full_precision{});
 }
 
+// flagship::train<Precision> as a callable for run().
+template <class Precision>
+struct trainer {
+  template <class Comm, class OnStep>
+  std::vector<flagship::step_report> operator()(Comm& world, const flagship::train_options& o, const OnStep& on_step) const {
+    return flagship::train<Precision>(world, o, on_step);
+  }
+};
+
 // Defaults, then the config, then the command line.
 settings build(const arguments& args, int world_size) {
   settings s;
@@ -304,9 +325,10 @@ void require_data(settings& s) {
   if (s.loss_svg.empty()) s.loss_svg = s.out + "/loss.svg";
 }
 
-// Trains on `world`; rank 0 prints the progress and writes the curve.
-template <class Precision, class Comm>
-void run(Comm& world, const settings& s, double peak_flops) {
+// Trains on `world` with `train(world, options, on_step)` (flagship::train<Precision>, or the GPU
+// trainer); rank 0 prints the progress and writes the curve.
+template <class Comm, class Train>
+void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   const auto& o = s.train;
   const bool speaker = world.rank() == 0;
   const int d = world.size() / (o.tensor * o.pipeline);
@@ -315,7 +337,8 @@ void run(Comm& world, const settings& s, double peak_flops) {
                 "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s\n"
                 "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, warm-up %ld, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
-                static_cast<double>(o.model.parameters()) / 1e6, world.size(), s.backend == "mpi" ? "MPI" : "thread", d, o.tensor,
+                static_cast<double>(o.model.parameters()) / 1e6, world.size(),
+                s.backend == "mpi" ? "MPI" : s.backend == "nccl" ? "NCCL (GPU)" : "thread", d, o.tensor,
                 o.pipeline, o.model.sequence_parallel ? " + sequence parallel" : "", o.pipeline * o.virtual_stages,
                 o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, s.precision.c_str(),
                 o.model.recompute == flagship::recompute_mode::none ? "" : ", recompute ",
@@ -331,7 +354,7 @@ void run(Comm& world, const settings& s, double peak_flops) {
   const bool tty = isatty(STDOUT_FILENO) != 0;
   const bool scaled = s.precision.starts_with("fp16");
   bool first_step = true;
-  const auto reports = flagship::train<Precision>(world, o, [&](const flagship::step_report& r) {
+  const auto reports = train(world, o, [&](const flagship::step_report& r) {
     if (first_step) {  // memory by category once everything is allocated, rank after rank
       first_step = false;
       for (int k = 0; k < world.size(); ++k) {
@@ -383,7 +406,7 @@ int main(int argc, char** argv) {
       require_data(s);
       const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(ranks));
       with_precision(s.precision, [&](auto precision) {
-        trident::local_world::run(ranks, [&](trident::local_comm& world) { run<decltype(precision)>(world, s, peak); });
+        trident::local_world::run(ranks, [&](trident::local_comm& world) { run(world, s, peak, trainer<decltype(precision)>{}); });
       });
       return 0;
     }
@@ -394,12 +417,37 @@ int main(int argc, char** argv) {
       auto s = build(args, world.size());
       require_data(s);
       const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(world.size()));
-      with_precision(s.precision, [&](auto precision) { run<decltype(precision)>(world, s, peak); });
+      with_precision(s.precision, [&](auto precision) { run(world, s, peak, trainer<decltype(precision)>{}); });
+      return 0;
+    }
+#endif
+#if FLAGSHIP_HAS_CUDA
+    if (backend == "nccl") {
+      trident::mpi_environment env(argc, argv);
+      int size = 0, rank = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      auto s = build(args, size);
+      TRIDENT_EXPECT(s.precision == "fp32", "flagship: --precision ", s.precision, " with --backend nccl: the GPU path trains in "
+                     "fp32 for now (bf16 and fp16 run on thread and MPI ranks)");
+      // What the GPU path does not have yet is off by default there, and an error if asked for.
+      if (option(args, "--eval-every", "").empty()) s.train.eval_every = 0;
+      if (option(args, "--trace-step", "").empty()) s.train.trace_step = 0;
+      require_data(s);
+      const bool share = std::any_of(args.begin(), args.end(), [](const auto& a) { return a.first == "--share-gpu"; });
+      const int devices = trident::cuda_device_count();
+      TRIDENT_EXPECT(devices > 0, "flagship: --backend nccl on rank ", rank, ": no CUDA device is visible (no GPU or no driver); "
+                     "use --backend local or mpi here");
+      TRIDENT_CUDA_CHECK(cudaSetDevice(share ? 0 : rank % devices));
+      auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});
+      run(world, s, 0.0, [](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
+        return flagship::cuda::train_on_gpus(w, o, on_step);
+      });
       return 0;
     }
 #endif
     throw trident::usage_error("flagship: --backend " + backend + " is not available in this build (local" +
-                               std::string(trident::has_mpi ? ", mpi" : "") + ")");
+                               std::string(trident::has_mpi ? ", mpi" : "") + std::string(FLAGSHIP_HAS_CUDA ? ", nccl" : "") + ")");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flagship: %s\n", e.what());
     return 1;

@@ -40,3 +40,10 @@ endif()
 if(TARGET trident::mpi AND NOT sanitized)
   trident_add_test(gpt.mpi SOURCES gpt/test_gpt_mpi.cpp LIBRARIES trident_test_gpt trident::mpi MPI_RANKS 4 LABELS gpt mpi)
 endif()
+# On the GPU (examples/01_flagship/gpt_cuda.cuh): NCCL ranks sharing GPU 0 against the host's
+# serial run; skips (77) without a device.
+if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi AND TARGET trident::cuda AND NOT sanitized)
+  trident_add_test(gpt.nccl SOURCES gpt/test_gpt_nccl.cu LIBRARIES trident_test_gpt trident::nccl trident::cuda trident::mpi
+                   Threads::Threads MPI_RANKS 4 LABELS gpt nccl gpu mpi TIMEOUT 600)
+  set_property(TEST gpt.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+endif()

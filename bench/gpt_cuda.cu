@@ -1,0 +1,77 @@
+// The flagship GPT's training step on one GPU (examples/01_flagship/gpt_cuda.cuh): GPT-2 124M by
+// default (12 layers, 768 wide, 12 heads, T = 1024, vocabulary 50304), B = 16, fp32, ZeRO-0, one
+// NCCL rank; forward, backward and the fused AdamW step with clipping, as flagship::train runs
+// them. Against bench/gpt_torch_gpu.py, the same model in PyTorch on the same GPU
+// (scripts/gpu_check.sh runs both):
+//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32]
+// Tokens are random (speed does not depend on them). The time is wall time per step over
+// `steps` steps after two warm-up steps; each step ends with the host reading the loss, as the
+// trainer does. --tf32 switches the model's cuBLAS handle to TF32 tensor cores (not bitwise
+// reproducible against the host; the library's default is FP32).
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "01_flagship/gpt_cuda.cuh"
+#include "trident/comm/nccl.hpp"
+#include "trident/core/cuda_runtime.hpp"
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int failed = 0;
+  try {
+    ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    TRIDENT_CUDA_CHECK(cudaSetDevice(0));
+    bool tf32 = false;
+    std::vector<std::size_t> positional;
+    for (int i = 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--tf32") == 0) tf32 = true;
+      else positional.push_back(static_cast<std::size_t>(std::strtoull(argv[i], nullptr, 10)));
+    }
+    auto arg = [&](std::size_t i, std::size_t fallback) { return positional.size() > i ? positional[i] : fallback; };
+    const std::size_t batch = arg(0, 16), layers = arg(1, 12), steps = arg(2, 5);
+    auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = true});
+    TRIDENT_EXPECT(world.size() == 1, "gpt_cuda: one rank (mpirun -np 1); got ", world.size());
+    const flagship::gpt_config c{.vocab = 50304, .seq = 1024, .hidden = 768, .heads = 12, .layers = layers};
+    trident::process_grid grid(world, 1, 1);
+    flagship::optimizer_type opt;
+    opt.opt = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    opt.schedule.f = [](std::int64_t) { return 6e-4; };
+    trident::zero::zero_options zo;
+    zo.max_grad_norm = 1.0f;
+    flagship::cuda::gpt_cuda_rank<0> model(grid, c, 1, batch, opt, zo, 1234);
+    if (tf32) TRIDENT_CUBLAS_CHECK(cublasSetMathMode(model.blas(), CUBLAS_TF32_TENSOR_OP_MATH));
+    flagship::step_batches b;
+    b.inputs.assign(1, std::vector<std::int32_t>(c.seq * batch));
+    b.targets = b.inputs;
+    std::uint64_t z = 7;
+    for (auto* list : {&b.inputs[0], &b.targets[0]})
+      for (auto& v : *list) v = static_cast<std::int32_t>((z = trident::detail::splitmix64(z)) % c.vocab);
+    double loss = 0;
+    auto step = [&] {
+      model.forward_backward(b);
+      (void)model.step();
+      loss = model.loss();
+    };
+    step();
+    step();
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t s = 0; s < steps; ++s) step();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(steps);
+    const double tokens = static_cast<double>(c.seq * batch);
+    std::printf("trident gpt on the GPU: %zu layers, B = %zu, T = %zu, fp32%s: %8.2f ms/step  %9.0f tokens/s  %6.1f TFLOP/s  (loss %.4f)\n",
+                layers, batch, c.seq, tf32 ? " (TF32 GEMMs)" : "", ms, tokens / ms * 1e3, c.flops_per_token() * tokens / ms * 1e-9, loss);
+    std::printf("%s\n", trident::current_ledger()->report().c_str());  // bytes by space and category
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_cuda: %s\n", e.what());
+    failed = 1;
+  }
+  MPI_Finalize();
+  return failed;
+}
