@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates tests/fixtures/{deepspeed_loss_scaler,lr_schedules,torch_optim,torch_layers}.txt
+# Regenerates tests/fixtures/{deepspeed_loss_scaler,lr_schedules,torch_optim,torch_layers,torch_powersgd}.txt
 # from the real DeepSpeed and PyTorch (see tests/fixtures/README.md). Needs Python 3.11+ and
 # PyPI; no GPU.
 #
@@ -30,4 +30,8 @@ DS_BUILD_OPS=0 DS_SKIP_CUDA_CHECK=1 "$venv/bin/python" -m pip install --quiet "d
 # Deterministic CPU runs: one thread; torch's AVX2 kernels (they fuse multiply-adds, the
 # DEFAULT ones do not: the optimizer traces depend on it); DeepSpeed on its CPU accelerator.
 export ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=
-exec "$venv/bin/python" "$root/scripts/reference/make_fixtures.py" "$@"
+"$venv/bin/python" "$root/scripts/reference/make_fixtures.py" "$@"
+# PyTorch's PowerSGD hook on two gloo processes (torch_powersgd.txt; --out DIR as above).
+out_dir="$root/tests/fixtures"
+for ((i = 1; i <= $#; ++i)); do [[ ${!i} == --out ]] && { j=$((i + 1)); out_dir=${!j}; }; done
+"$venv/bin/python" "$root/scripts/reference/make_powersgd_fixture.py" "$out_dir/torch_powersgd.txt"

@@ -20,7 +20,9 @@
 // (LAPACK's, behind torch.linalg.qr, may choose other signs for the columns; they cancel in
 // P Q^T).
 // The random start is a normal draw from a counter-based generator keyed by (seed, bucket,
-// tensor, element): the same on every rank without communication.
+// tensor, element): the same on every rank without communication. From that start on, the
+// reduced buckets equal PyTorch's hook's within 2.3e-6 over four compressed steps on two ranks
+// (tests/fixtures/torch_powersgd.txt, recorded from torch's powerSGD_hook with trident's start).
 //
 //   trident::compress::powersgd_options o;
 //   o.rank = 4;
