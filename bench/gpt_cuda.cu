@@ -7,7 +7,8 @@
 // Tokens are random (speed does not depend on them). The time is wall time per step over
 // `steps` steps after two warm-up steps; each step ends with the host reading the loss, as the
 // trainer does. --tf32 switches the model's cuBLAS handle to TF32 tensor cores (not bitwise
-// reproducible against the host; the library's default is FP32).
+// reproducible against the host; the library's default is FP32). Then the time of each phase of
+// forward and backward (CUDA events on the compute stream: gpt_cuda.cuh's gpu_phases) and the rest.
 #include <mpi.h>
 
 #include <chrono>
@@ -61,12 +62,25 @@ int main(int argc, char** argv) {
     };
     step();
     step();
+    model.phases().enabled = true;  // CUDA events between the phases of forward and backward
     const auto start = std::chrono::steady_clock::now();
-    for (std::size_t s = 0; s < steps; ++s) step();
+    for (std::size_t s = 0; s < steps; ++s) {
+      step();
+      model.phases().collect();
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(steps);
     const double tokens = static_cast<double>(c.seq * batch);
     std::printf("trident gpt on the GPU: %zu layers, B = %zu, T = %zu, fp32%s: %8.2f ms/step  %9.0f tokens/s  %6.1f TFLOP/s  (loss %.4f)\n",
                 layers, batch, c.seq, tf32 ? " (TF32 GEMMs)" : "", ms, tokens / ms * 1e3, c.flops_per_token() * tokens / ms * 1e-9, loss);
+    // Where the step's time went: the compute stream's phases, and the rest of the wall time
+    // (the optimizer's step on the data communicator's stream, reading the loss, host gaps).
+    double phased = 0;
+    for (const auto& [name, total] : model.phases().totals()) {
+      const double per_step = total / static_cast<double>(steps);
+      phased += per_step;
+      std::printf("  %-32s %8.2f ms/step  %5.1f%%\n", name.c_str(), per_step, 100.0 * per_step / ms);
+    }
+    std::printf("  %-32s %8.2f ms/step  %5.1f%%\n", "the rest (optimizer step, loss)", ms - phased, 100.0 * (ms - phased) / ms);
     std::printf("%s\n", trident::current_ledger()->report().c_str());  // bytes by space and category
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_cuda: %s\n", e.what());

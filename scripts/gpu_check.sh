@@ -143,9 +143,9 @@ for ranks in 1 2; do
 done
 # issue 13: GPT-2 124M's training step on one GPU, trident (fp32; TF32 GEMMs) against PyTorch
 # (eager fp32 and TF32, torch.compile with bf16 autocast) on the same GPU
-[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident fp32" "grep -E 'ms/step'" -- \
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident fp32" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda"
-[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident tf32" "grep -E 'ms/step'" -- \
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident tf32" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --tf32
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"

@@ -32,6 +32,9 @@
 #error "examples/01_flagship/gpt_cuda.cuh contains CUDA kernels: compile this translation unit with nvcc"
 #endif
 
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -94,6 +97,80 @@ inline unsigned grid_for(std::size_t n) { return trident::nn::cuda::detail::grid
 inline constexpr unsigned block = trident::nn::cuda::detail::block_size;
 
 }  // namespace detail
+
+//! Where a step's GPU time goes: each phase of forward_backward is an NVTX range (for Nsight
+//! Systems, always) and, when enabled, a pair of CUDA events on the compute stream, whose elapsed
+//! times collect() adds up by phase once the stream has passed them.
+//!
+//!   model.phases().enabled = true;
+//!   ... steps ...
+//!   for (const auto& [name, ms] : model.phases().totals()) std::printf("%s %.2f ms\n", name.c_str(), ms);
+class gpu_phases {
+ public:
+  bool enabled = false;
+
+  gpu_phases() = default;
+  gpu_phases(const gpu_phases&) = delete;
+  gpu_phases& operator=(const gpu_phases&) = delete;
+  ~gpu_phases() {
+    for (auto e : events_) (void)cudaEventDestroy(e);
+  }
+
+  //! Ends the current phase (if any) and starts `name`, at this point of `stream`'s work.
+  void mark(cudaStream_t stream, const char* name) {
+    end(stream);
+    nvtxRangePushA(name);
+    open_ = true;
+    if (enabled) {
+      marks_.push_back({name, event()});
+      TRIDENT_CUDA_CHECK(cudaEventRecord(marks_.back().second, stream));
+    }
+  }
+  //! Ends the current phase.
+  void end(cudaStream_t stream) {
+    if (!open_) return;
+    nvtxRangePop();
+    open_ = false;
+    if (enabled) {
+      marks_.push_back({nullptr, event()});
+      TRIDENT_CUDA_CHECK(cudaEventRecord(marks_.back().second, stream));
+    }
+  }
+  //! Adds the recorded phases' times to totals() (waits for their events).
+  void collect() {
+    for (std::size_t i = 0; i + 1 < marks_.size(); ++i) {
+      if (marks_[i].first == nullptr) continue;
+      TRIDENT_CUDA_CHECK(cudaEventSynchronize(marks_[i + 1].second));
+      float ms = 0;
+      TRIDENT_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i].second, marks_[i + 1].second));
+      auto it = std::find_if(totals_.begin(), totals_.end(), [&](const auto& t) { return t.first == marks_[i].first; });
+      if (it == totals_.end()) totals_.emplace_back(marks_[i].first, ms);
+      else it->second += ms;
+    }
+    for (const auto& m : marks_) free_.push_back(m.second);
+    marks_.clear();
+  }
+  const std::vector<std::pair<std::string, double>>& totals() const noexcept { return totals_; }
+  void reset() { totals_.clear(); }
+
+ private:
+  cudaEvent_t event() {
+    if (free_.empty()) {
+      cudaEvent_t e = nullptr;
+      TRIDENT_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+      return e;
+    }
+    const cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+
+  bool open_ = false;
+  std::vector<cudaEvent_t> events_, free_;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks_;  // name (nullptr: an end) and its event
+  std::vector<std::pair<std::string, double>> totals_;
+};
 
 //! This rank's part of the GPT on the GPU and the ZeRO optimizer that holds it (p = 1: every
 //! layer; t: the tensor group's share; the data axis: ZeRO-Stage). fp32.
@@ -185,6 +262,8 @@ class gpt_cuda_rank {
   //! The cuBLAS handle every GEMM of the model uses (FP32 math: nn/cuda/cublas.hpp); a
   //! benchmark may switch it to TF32 (cublasSetMathMode).
   cublasHandle_t blas() const noexcept { return blas_.get(); }
+  //! The phases of forward_backward (NVTX ranges; CUDA-event times when enabled).
+  gpu_phases& phases() noexcept { return phases_; }
 
   //! Forward and backward of every micro-batch of `b` (m of them, seq x batch tokens each,
   //! sequence-major): the gradients accumulate in the optimizer, the mean loss on the device.
@@ -255,6 +334,7 @@ class gpt_cuda_rank {
   // The loss's gradient (for a loss weight of `weight`) replaces the logits.
   void forward(device_span<const std::int32_t> tokens, device_span<const std::int32_t> targets, float weight) {
     const std::size_t h = c_.hidden;
+    phases_.mark(ctx_.stream(), "embedding forward");
     const auto wte = param(wte_h_), wpe = param(wpe_h_);
     wait_for_optimizer();
     wte_.forward(ctx_, *tp_, tokens, wte, x_.device_handle());
@@ -262,6 +342,7 @@ class gpt_cuda_rank {
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     auto* cur = &x_;
     auto* next = &y_;
+    phases_.mark(ctx_.stream(), "blocks forward");
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       const auto w = block_weights(l);
       wait_for_optimizer();
@@ -271,6 +352,7 @@ class gpt_cuda_rank {
       std::swap(cur, next);
     }
     last_ = cur;
+    phases_.mark(ctx_.stream(), "final norm, head and loss");
     const trident::nn::cuda::layer_norm ln{h, c_.eps};
     const auto lnw = param(lnf_w_), lnb = param(lnf_b_);
     wait_for_optimizer();
@@ -283,12 +365,14 @@ class gpt_cuda_rank {
     ce_.backward(ctx_, n_, logits_.device_handle(), targets, logits_.device_handle(), weight);  // in place
     hand_to_optimizer();
     z_->release(final_layer_);
+    phases_.end(ctx_.stream());
   }
 
   void backward(device_span<const std::int32_t> tokens) {
     const std::size_t h = c_.hidden;
     const trident::nn::cuda::layer_norm ln{h, c_.eps};
     // The head (its weight is wte: the gradient joins the embedding's) and the final norm.
+    phases_.mark(ctx_.stream(), "head and final norm backward");
     const auto wte = param(wte_h_);
     const auto gwte = grad(wte_h_);
     const auto lnw = param(lnf_w_);
@@ -303,6 +387,7 @@ class gpt_cuda_rank {
     hand_to_optimizer();
     z_->release(final_layer_);
     z_->grad_ready(final_layer_);
+    phases_.mark(ctx_.stream(), "blocks backward");
     for (std::size_t l = blocks_.size(); l-- > 0;) {
       const auto w = block_weights(l);
       const auto gr = block_gradients(l);
@@ -313,6 +398,7 @@ class gpt_cuda_rank {
       z_->grad_ready(static_cast<int>(l) + 1);
       std::swap(g, dx);
     }
+    phases_.mark(ctx_.stream(), "embedding backward");
     const auto gwte2 = grad(wte_h_), gwpe = grad(wpe_h_);
     wait_for_optimizer();
     wte_.backward(ctx_, *tp_, tokens, g->device_handle(), gwte2);
@@ -321,10 +407,12 @@ class gpt_cuda_rank {
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     hand_to_optimizer();
     z_->release(0);
+    phases_.end(ctx_.stream());
   }
 
   trident::cuda_context ctx_;
   trident::nn::cublas_handle blas_;
+  gpu_phases phases_;
   comm_type* tp_;
   comm_type* dp_;
   gpt_config c_;
