@@ -456,16 +456,8 @@ inline void check_tokens(trident::nccl_comm& world, const step_batches& b, std::
 template <int Stage>
 std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_grid<trident::nccl_comm>& grid, const train_options& o,
                                   const std::function<void(const step_report&)>& on_step) {
-  optimizer_type opt;
-  opt.opt = o.adamw;
-  const double base_lr = o.adamw.lr;
-  opt.schedule.f = o.lr ? o.lr : std::function<double(std::int64_t)>([base_lr](std::int64_t) { return base_lr; });
-  trident::zero::zero_options zo;
-  zo.bucket_bytes = o.bucket_elements * sizeof(float);
-  zo.first_bucket_bytes = o.first_bucket_elements * sizeof(float);
-  zo.persistence_threshold = o.persistence_threshold;
-  zo.max_grad_norm = o.max_grad_norm;
-  gpt_cuda_rank<Stage> rank(grid, o.model, o.accumulation, o.micro_batch, opt, zo, o.seed);
+  const optimizer_type opt = flagship::detail::optimizer_of(o);
+  gpt_cuda_rank<Stage> rank(grid, o.model, o.accumulation, o.micro_batch, opt, flagship::detail::zero_options_of(o), o.seed);
   const int d = grid.data().size(), m = o.accumulation;
   const int slice = o.data_slice ? o.data_slice->first : grid.data().rank(), slices = o.data_slice ? o.data_slice->second : d;
   trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, slice, slices);
@@ -513,15 +505,8 @@ inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const trai
                  " ranks is not d x t for t = ", o.tensor, "; expected a multiple of ", o.tensor);
   TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train_cuda: accumulation ", o.accumulation, ", steps ", o.steps,
                  "; expected at least 1 micro-batch per step and no negative step count");
-  const auto t = static_cast<std::size_t>(o.tensor);
   const auto& c = o.model;
-  TRIDENT_EXPECT(c.heads >= 1 && c.hidden % c.heads == 0, "train_cuda: hidden size ", c.hidden, " does not divide into ", c.heads,
-                 " heads");
-  TRIDENT_EXPECT(c.heads % t == 0, "train_cuda: ", c.heads, " attention heads do not divide over a tensor-parallel group of ", t);
-  TRIDENT_EXPECT(c.ffn_size() % t == 0, "train_cuda: the MLP's ", c.ffn_size(), " features do not divide over a tensor-parallel "
-                 "group of ", t);
-  TRIDENT_EXPECT(c.vocab % t == 0, "train_cuda: the vocabulary of ", c.vocab, " tokens does not divide over a tensor-parallel group of ",
-                 t, "; pad it to a multiple of t");
+  flagship::detail::check_model(c, static_cast<std::size_t>(o.tensor), 1, "train_cuda");
   {
     const trident::data::shard_loader check(o.train_files, o.micro_batch, c.seq, 0, world.size() / o.tensor);
   }

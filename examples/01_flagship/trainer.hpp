@@ -236,6 +236,21 @@ inline void resume_data(trident::data::shard_loader& train, const std::map<std::
   train.seek({shard, batch * tokens / mine});
 }
 
+// The model's shapes against the grid: t tensor-parallel ranks, `chunks` pipeline stages
+// (checked by every rank alone, before anything collective). `who` starts the messages.
+inline void check_model(const gpt_config& c, std::size_t t, std::size_t chunks, const char* who) {
+  TRIDENT_EXPECT(c.heads >= 1 && c.hidden % c.heads == 0, who, ": hidden size ", c.hidden, " does not divide into ", c.heads, " heads");
+  TRIDENT_EXPECT(c.heads % t == 0, who, ": ", c.heads, " attention heads do not divide over a tensor-parallel group of ", t,
+                 "; expected the heads to be a multiple of t");
+  TRIDENT_EXPECT(c.ffn_size() % t == 0, who, ": the MLP's ", c.ffn_size(), " features do not divide over a tensor-parallel group of ", t);
+  TRIDENT_EXPECT(c.vocab % t == 0, who, ": the vocabulary of ", c.vocab, " tokens does not divide over a tensor-parallel group of ", t,
+                 "; pad it to a multiple of t");
+  TRIDENT_EXPECT(c.layers % chunks == 0, who, ": ", c.layers, " layers do not divide into ", chunks,
+                 " pipeline stages (p x virtual stages); expected layers to be a multiple of it");
+  TRIDENT_EXPECT(!c.sequence_parallel || c.seq % t == 0, who, ": sequence parallelism splits the ", c.seq,
+                 " positions over a tensor-parallel group of ", t, "; expected a multiple of t");
+}
+
 // The training loop: compiled once per stage count N (the model behind chunk_runner).
 template <std::size_t N, class Comm>
 std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
@@ -355,18 +370,28 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
 }
 
 // The model of a ZeRO stage and precision, then the loop for its stage count.
-template <int Stage, class Precision, class Comm>
-std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
-                             const std::function<void(const step_report&)>& on_step) {
+// The options' AdamW with its schedule, and ZeRO's options.
+inline optimizer_type optimizer_of(const train_options& o) {
   optimizer_type opt;
   opt.opt = o.adamw;
   const double base_lr = o.adamw.lr;
   opt.schedule.f = o.lr ? o.lr : std::function<double(std::int64_t)>([base_lr](std::int64_t) { return base_lr; });
+  return opt;
+}
+inline trident::zero::zero_options zero_options_of(const train_options& o) {
   trident::zero::zero_options zo;
   zo.bucket_bytes = o.bucket_elements * sizeof(float);
   zo.first_bucket_bytes = o.first_bucket_elements * sizeof(float);
   zo.persistence_threshold = o.persistence_threshold;
   zo.max_grad_norm = o.max_grad_norm;
+  return zo;
+}
+
+template <int Stage, class Precision, class Comm>
+std::vector<step_report> run(Comm& world, trident::process_grid<Comm>& grid, const train_options& o,
+                             const std::function<void(const step_report&)>& on_step) {
+  const optimizer_type opt = optimizer_of(o);
+  const trident::zero::zero_options zo = zero_options_of(o);
   using scaler_type = typename Precision::scaler_type;
   scaler_type scaler = [&] {
     if constexpr (std::is_same_v<scaler_type, trident::dynamic_loss_scaler>) return scaler_type(o.dynamic_scaler);
@@ -402,18 +427,8 @@ std::vector<step_report> train(Comm& world, const train_options& o, const std::f
   // every rank throws the same error at the same point (a rank throwing alone later would abort
   // peers in the middle of their collectives).
   (void)detail::make_schedule(o.schedule, o.pipeline, o.accumulation, o.virtual_stages);
-  const auto t = static_cast<std::size_t>(o.tensor), chunks = static_cast<std::size_t>(o.pipeline * o.virtual_stages);
   const auto& c = o.model;
-  TRIDENT_EXPECT(c.heads >= 1 && c.hidden % c.heads == 0, "train: hidden size ", c.hidden, " does not divide into ", c.heads, " heads");
-  TRIDENT_EXPECT(c.heads % t == 0, "train: ", c.heads, " attention heads do not divide over a tensor-parallel group of ", t,
-                 "; expected the heads to be a multiple of t");
-  TRIDENT_EXPECT(c.ffn_size() % t == 0, "train: the MLP's ", c.ffn_size(), " features do not divide over a tensor-parallel group of ", t);
-  TRIDENT_EXPECT(c.vocab % t == 0, "train: the vocabulary of ", c.vocab, " tokens does not divide over a tensor-parallel group of ", t,
-                 "; pad it to a multiple of t");
-  TRIDENT_EXPECT(c.layers % chunks == 0, "train: ", c.layers, " layers do not divide into ", chunks,
-                 " pipeline stages (p x virtual stages); expected layers to be a multiple of it");
-  TRIDENT_EXPECT(!c.sequence_parallel || c.seq % t == 0, "train: sequence parallelism splits the ", c.seq,
-                 " positions over a tensor-parallel group of ", t, "; expected a multiple of t");
+  detail::check_model(c, static_cast<std::size_t>(o.tensor), static_cast<std::size_t>(o.pipeline * o.virtual_stages), "train");
   {
     // The shards: present, well-formed, and large enough for a global batch.
     const int d = world.size() / (o.tensor * o.pipeline);
