@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     opt.schedule.f = [](std::int64_t) { return 6e-4; };
     trident::zero::zero_options zo;
     zo.max_grad_norm = 1.0f;
-    flagship::cuda::gpt_cuda_rank<0> model(grid, c, 1, batch, opt, zo, 1234);
+    flagship::cuda::gpt_cuda_rank<0> model(grid, c, 1, 1, batch, opt, zo, 1234);  // one stage, one micro-batch
     if (tf32) TRIDENT_CUBLAS_CHECK(cublasSetMathMode(model.blas(), CUBLAS_TF32_TENSOR_OP_MATH));
     flagship::step_batches b;
     b.inputs.assign(1, std::vector<std::int32_t>(c.seq * batch));

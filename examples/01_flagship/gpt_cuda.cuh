@@ -7,23 +7,27 @@
 //     -> final LayerNorm (nn::cuda) -> tied head (column-parallel on wte's rows)
 //     -> vocabulary-parallel cross-entropy (tensor::cuda)
 //
-// on a (data, tensor) grid of nccl_comm ranks, ZeRO 0-3 on the data axis (its CUDA engine: the
-// fused AdamW, CUB's gradient statistics, buckets reduced on the data communicator's stream),
-// fp32, gradient accumulation, global-norm clipping, AdamW with a learning-rate schedule, and
-// selective recomputation. train_cuda() is flagship::train's loop for it: the same options and
-// the same step reports, so a GPU run is checked step for step against the host's serial run
+// on a (data, tensor, pipeline) grid of nccl_comm ranks, ZeRO 0-3 on the data axis (its CUDA
+// engine: the fused AdamW, CUB's gradient statistics, buckets reduced on the data communicator's
+// stream), fp32, gradient accumulation, global-norm clipping, AdamW with a learning-rate
+// schedule, and selective recomputation. Pipeline stages are gpt.hpp's chunks (p x virtual
+// stages, the tied embedding kept on the last stage as gpt_rank keeps it), run by the pipeline
+// executor with device messages. train_cuda() is flagship::train's loop for it: the same options
+// and the same step reports, so a GPU run is checked step for step against the host's serial run
 // (tests/gpt/test_gpt_nccl.cu).
 //
 // Compute runs on one cuda_context stream. ZeRO's spans are ready on the data communicator's
 // stream, so the compute stream orders itself after it before using them and hands itself back
 // before grad_ready / release / step (exec/cuda/stream.hpp); the tensor layers order their own
-// collectives on the tensor communicator's stream. A micro-batch's forward and backward run
-// back to back (p = 1), so one set of activations is kept. The host waits once per step: for
-// step()'s reports (the clipping and overflow decision) and the step's loss.
+// collectives on the tensor communicator's stream. With one stage a micro-batch's forward and
+// backward run back to back, so one set of activations is kept, and the host waits once per
+// step: for step()'s reports (the clipping and overflow decision) and the step's loss. Pipeline
+// stages synchronise their stream before handing a message to the executor (its contract), and
+// keep each micro-batch's activations until its backward.
 //
-// Not on the GPU yet (train_cuda says so when asked): pipeline stages (their messages are host
-// vectors), sequence parallelism (the embedding and head have no sequence-sharded GPU path),
-// full recomputation, bf16/fp16, validation, checkpoints and traces.
+// Not on the GPU yet (train_cuda says so when asked): sequence parallelism (the embedding and
+// head have no sequence-sharded GPU path), full recomputation, bf16/fp16, validation,
+// checkpoints and traces; pipeline stage counts other than 1, 2 and 4.
 //
 //   auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD);
 //   flagship::train_options o;  o.model = {...};  o.tensor = 2;  o.zero_stage = 3;
@@ -40,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +61,7 @@
 #include "trident/nn/cuda/norm.cuh"
 #include "trident/parallel/data/cuda/zero_engine.cuh"
 #include "trident/parallel/data/zero_optimizer.hpp"
+#include "trident/parallel/pipeline/pipeline.hpp"
 #include "trident/parallel/tensor/cuda/block.cuh"
 #include "trident/parallel/tensor/cuda/linear.cuh"
 #include "trident/parallel/tensor/cuda/vocab.cuh"
@@ -172,8 +178,11 @@ class gpu_phases {
   std::vector<std::pair<std::string, double>> totals_;
 };
 
-//! This rank's part of the GPT on the GPU and the ZeRO optimizer that holds it (p = 1: every
-//! layer; t: the tensor group's share; the data axis: ZeRO-Stage). fp32.
+//! This rank's chunks of the GPT on the GPU and the ZeRO optimizer that holds them: gpt_rank's
+//! layout (chunk k of p x v on pipeline rank k % p; t: the tensor group's share; the data axis:
+//! ZeRO-Stage), fp32. Chunk k runs as a pipeline stage through forward(k, x, mb) and
+//! backward(k, dy, mb) on device messages; with one chunk, forward_backward() runs a step's
+//! micro-batches without the pipeline executor.
 template <int Stage, class Opt = optimizer_type>
 class gpt_cuda_rank {
  public:
@@ -182,76 +191,111 @@ class gpt_cuda_rank {
   using policy = trident::zero::stage_policy_t<Stage>;
   template <class T>
   using device_buffer = trident::buffer<T, trident::cuda_space>;
+  //! What goes between pipeline stages: activations and their gradients, [rows, hidden].
+  using message = device_buffer<float>;
 
-  //! Collective over the grid (the optimizer's construction). `micro_batches` per step of
-  //! `batch` rows each. The model is gpt.hpp's: gpt_parameters() names and initialises it.
-  gpt_cuda_rank(trident::process_grid<comm_type>& grid, const gpt_config& c, int micro_batches, std::size_t batch, Opt opt,
+  //! Collective over the grid (the optimizer's construction). `chunks` stages of the model over
+  //! the pipeline axis (a multiple of its ranks), `micro_batches` per step of `batch` rows each.
+  //! The model is gpt.hpp's: gpt_parameters() names and initialises it.
+  gpt_cuda_rank(trident::process_grid<comm_type>& grid, const gpt_config& c, int chunks, int micro_batches, std::size_t batch, Opt opt,
                 trident::zero::zero_options options, std::uint64_t seed)
-      : tp_(&grid.tensor()), dp_(&grid.data()), c_(c), m_(micro_batches), batch_(batch), n_(c.seq * batch),
+      : tp_(&grid.tensor()), dp_(&grid.data()), pipe_(&grid.pipeline()), c_(c), chunks_(chunks), p_(grid.pipeline().size()),
+        prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch), n_(c.seq * batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
                    .sequence_parallel = false, .selective_recompute = c.recompute == recompute_mode::selective},
         wte_(grid.tensor(), c.vocab, c.hidden, "wte"), head_(grid.tensor(), c.hidden, c.vocab, "lm_head"),
         ce_(grid.tensor(), c.vocab, "lm_head") {
-    TRIDENT_EXPECT(grid.pipeline().size() == 1, "gpt_cuda_rank: ", grid.pipeline().size(),
-                   " pipeline ranks; the GPU path runs one pipeline stage (p = 1) for now");
     TRIDENT_EXPECT(!c.sequence_parallel && c.recompute != recompute_mode::full,
                    "gpt_cuda_rank: sequence parallelism and full recomputation are not on the GPU path yet; expected "
                    "sequence_parallel = false and recompute none or selective");
     TRIDENT_EXPECT(micro_batches >= 1 && batch >= 1, "gpt_cuda_rank: ", micro_batches, " micro-batches of ", batch,
                    " rows; expected at least one of each");
+    TRIDENT_EXPECT(chunks >= 1 && chunks % p_ == 0 && c.layers % static_cast<std::size_t>(chunks) == 0, "gpt_cuda_rank: ", chunks,
+                   " stages over ", p_, " pipeline ranks and ", c.layers, " layers; expected a multiple of the ranks that divides the layers");
     const auto all = gpt_parameters(grid.tensor(), c_, seed);
     const int t_rank = grid.tensor().rank();
+    const int per_chunk = static_cast<int>(c_.layers) / chunks_;
     auto find = [&](const std::string& name) -> const gpt_parameter& {
       for (const auto& p : all)
         if (p.name == name) return p;
       throw trident::usage_error("gpt_cuda_rank: no parameter " + name);
     };
-    // gpt_rank's layers and buckets for one chunk: the embedding (reduced once per step, after
-    // the others), the blocks, the final norm.
+    // gpt_rank's layers and buckets: per chunk, the embedding (chunk 0; reduced once per step,
+    // after the others), the blocks, the final norm (the last chunk); each chunk's buckets its own.
     trident::model_spec spec;
     std::vector<const gpt_parameter*> mine;
     auto add = [&](const gpt_parameter& p, int layer) {
       spec.add(p.name, p.split, t_rank, layer);
       mine.push_back(&p);
     };
-    add(find("wte"), 0);
-    add(find("wpe"), 0);
-    spec.bucket_boundary(1);
-    for (std::size_t l = 0; l < c_.layers; ++l) {
-      std::string name = "h";  // not "h" + to_string(l): g++ 12 -O3 warns falsely on that (-Wrestrict)
-      name += std::to_string(l);
-      blocks_.emplace_back(grid.tensor(), block_cfg_, name);
-      if (l > 0) blocks_.back().share_backward_workspace(blocks_.front());
-      for (const auto& p : blocks_.back().shape().parameters()) add(find(p.name), static_cast<int>(l) + 1);
+    int layer = 0;
+    for (int k = prank_; k < chunks_; k += p_) {
+      chunk ch;
+      ch.k = k;
+      if (layer > 0) spec.bucket_boundary(layer);
+      if (k == 0) {
+        ch.emb_layer = layer;
+        add(find("wte"), layer);
+        add(find("wpe"), layer);
+        ++layer;
+        spec.bucket_boundary(layer);
+      }
+      ch.first_block_layer = layer;
+      for (int l = k * per_chunk; l < (k + 1) * per_chunk; ++l) {
+        std::string name = "h";  // not "h" + to_string(l): g++ 12 -O3 warns falsely on that (-Wrestrict)
+        name += std::to_string(l);
+        ch.blocks.emplace_back(grid.tensor(), block_cfg_, name);
+        // One backward workspace for all of this rank's blocks: they run one at a time.
+        if (!chunks_mine_.empty() || ch.blocks.size() > 1)
+          ch.blocks.back().share_backward_workspace(chunks_mine_.empty() ? ch.blocks.front() : chunks_mine_.front().blocks.front());
+        for (const auto& p : ch.blocks.back().shape().parameters()) add(find(p.name), layer);
+        ++layer;
+      }
+      if (k == chunks_ - 1) {
+        ch.final_layer = layer;
+        add(find("ln_f.weight"), layer);
+        add(find("ln_f.bias"), layer);
+        ++layer;
+      }
+      chunks_mine_.push_back(std::move(ch));
     }
-    final_layer_ = static_cast<int>(c_.layers) + 1;
-    add(find("ln_f.weight"), final_layer_);
-    add(find("ln_f.bias"), final_layer_);
     if (options.count_replicas == std::nullopt) options.count_replicas = t_rank == 0;
     z_ = std::make_unique<zero_type>(grid.data(), grid.model(), spec, std::move(opt), options);
     for (const auto* p : mine) z_->set_parameter(p->name, p->part(t_rank));
-    wte_h_ = z_->handle("wte");
-    wpe_h_ = z_->handle("wpe");
-    for (const auto& b : blocks_)
-      for (const auto& p : b.shape().parameters()) handles_.push_back(z_->handle(p.name));
-    lnf_w_ = z_->handle("ln_f.weight");
-    lnf_b_ = z_->handle("ln_f.bias");
-    // One micro-batch's activations (its backward follows its forward), made once.
-    for (const auto& b : blocks_) saved_.push_back(b.make_activations());
-    const std::size_t h = c_.hidden, local_vocab = ce_.shape().vocab_range().size();
+    for (auto& ch : chunks_mine_) {
+      if (ch.emb_layer >= 0) {
+        wte_h_ = z_->handle("wte");
+        wpe_h_ = z_->handle("wpe");
+      }
+      for (const auto& b : ch.blocks)
+        for (const auto& p : b.shape().parameters()) ch.handles.push_back(z_->handle(p.name));
+      if (ch.final_layer >= 0) {
+        lnf_w_ = z_->handle("ln_f.weight");
+        lnf_b_ = z_->handle("ln_f.bias");
+      }
+    }
     using trident::mem_category;
+    const std::size_t h = c_.hidden;
+    // The last chunk's copy of the tied embedding and its gradient (more than one chunk:
+    // Megatron's embedding group, as gpt_rank keeps them).
+    if (owns(chunks_ - 1) && chunks_ > 1) {
+      const auto w = find("wte").part(t_rank);
+      wte_copy_ = device_buffer<float>(w.size(), mem_category::parameters);
+      trident::copy(std::span<const float>(w), wte_copy_);
+      head_grad_ = device_buffer<float>(w.size(), mem_category::gradients);
+      trident::fill_zero(head_grad_);
+    }
+    if (owns(0) && chunks_ > 1 && !owns(chunks_ - 1))
+      tie_ = device_buffer<float>(wte_.shape().weight_sharding().local_numel(), mem_category::communication);
     x_ = device_buffer<float>(n_ * h, mem_category::activations);
     y_ = device_buffer<float>(n_ * h, mem_category::activations);
-    ln_out_ = device_buffer<float>(n_ * h, mem_category::activations);
-    ln_mean_ = device_buffer<float>(n_, mem_category::activations);
-    ln_rstd_ = device_buffer<float>(n_, mem_category::activations);
-    logits_ = device_buffer<float>(n_ * local_vocab, mem_category::activations);
     d_out_ = device_buffer<float>(n_ * h, mem_category::other);
     tokens_ = device_buffer<std::int32_t>(static_cast<std::size_t>(m_) * n_, mem_category::other);
     targets_ = device_buffer<std::int32_t>(static_cast<std::size_t>(m_) * n_, mem_category::other);
     loss_ = device_buffer<float>(1, mem_category::other);
     loss_sum_ = device_buffer<double>(1, mem_category::other);
-    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+    trident::fill_zero(loss_sum_);
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   gpt_cuda_rank(const gpt_cuda_rank&) = delete;
@@ -259,15 +303,20 @@ class gpt_cuda_rank {
 
   zero_type& optimizer() noexcept { return *z_; }
   const gpt_config& config() const noexcept { return c_; }
+  int chunks() const noexcept { return chunks_; }
+  bool owns(int k) const noexcept { return k % p_ == prank_; }
   //! The cuBLAS handle every GEMM of the model uses (FP32 math: nn/cuda/cublas.hpp); a
   //! benchmark may switch it to TF32 (cublasSetMathMode).
   cublasHandle_t blas() const noexcept { return blas_.get(); }
-  //! The phases of forward_backward (NVTX ranges; CUDA-event times when enabled).
+  //! The phases of forward and backward (NVTX ranges; CUDA-event times when enabled).
   gpu_phases& phases() noexcept { return phases_; }
 
-  //! Forward and backward of every micro-batch of `b` (m of them, seq x batch tokens each,
-  //! sequence-major): the gradients accumulate in the optimizer, the mean loss on the device.
-  void forward_backward(const step_batches& b) {
+  std::size_t input_numel(int k) const { return k == 0 ? 1 : n_ * c_.hidden; }
+  std::size_t output_numel(int k) const { return k == chunks_ - 1 ? 1 : n_ * c_.hidden; }
+
+  //! A step's micro-batches (m of them, seq x batch tokens each, sequence-major), copied to the
+  //! device; the step's loss starts from 0.
+  void set_batches(const step_batches& b) {
     TRIDENT_EXPECT(b.inputs.size() == static_cast<std::size_t>(m_) && b.targets.size() == static_cast<std::size_t>(m_),
                    "gpt_cuda_rank: ", b.inputs.size(), " micro-batches of inputs and ", b.targets.size(), " of targets; expected ",
                    m_);
@@ -278,29 +327,97 @@ class gpt_cuda_rank {
       trident::copy_async(ctx_, std::span<std::int32_t>(targets_.data() + mb * n_, n_), std::span<const std::int32_t>(b.targets[mb]));
     }
     TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), ctx_.stream()));
-    for (int mb = 0; mb < m_; ++mb) {
-      if constexpr (!policy::shards_gradients) z_->set_gradient_sync(mb + 1 == m_);
-      const auto tokens = device_span<const std::int32_t>(tokens_.data() + mb * n_, n_);
-      const auto targets = device_span<const std::int32_t>(targets_.data() + mb * n_, n_);
-      forward(tokens, targets, 1.0f / static_cast<float>(m_));
-      backward(tokens);
-    }
-    // The embedding's bucket (the head's gradient is in it too) is reduced once per step.
-    if constexpr (!policy::shards_gradients) z_->set_gradient_sync(true);
-    z_->grad_ready(0);
   }
 
-  //! The optimizer's step (collective over the grid; the host waits for every rank's report).
-  trident::zero::step_result step() { return z_->step(); }
+  //! Chunk k's forward of micro-batch mb (a pipeline stage's): x is the previous chunk's output
+  //! (chunk 0: ignored, it reads the tokens); returns this chunk's output, or for the last chunk
+  //! one float (unused: the loss accumulates on the device, see loss()). The last chunk also
+  //! computes the loss's gradient, for a loss weight of 1 / micro-batches. Returns with the
+  //! output written (the stream synchronised), as the pipeline executor's messages must be.
+  message forward(int k, const message& x, int mb) {
+    auto& ch = chunk_of(k);
+    TRIDENT_EXPECT(ch.emb_layer >= 0 || x.size() == n_ * c_.hidden, "gpt chunk ", k, ": input of ", x.size(),
+                   " elements; expected ", n_ * c_.hidden);
+    message y(output_numel(k), trident::mem_category::activations);
+    run_forward(ch, mb, x.device_handle(), ch.final_layer >= 0 ? trident::device_span<float>{} : y.device_handle());
+    ctx_.synchronize();
+    return y;
+  }
+  //! Chunk k's backward of micro-batch mb: dy is the next chunk's input gradient (the last
+  //! chunk: ignored, its forward computed the loss's gradient); returns this chunk's input
+  //! gradient (chunk 0: one unused float), the stream synchronised.
+  message backward(int k, const message& dy, int mb) {
+    auto& ch = chunk_of(k);
+    TRIDENT_EXPECT(ch.final_layer >= 0 || dy.size() == n_ * c_.hidden, "gpt chunk ", k, ": output gradient of ", dy.size(),
+                   " elements; expected ", n_ * c_.hidden);
+    message dx(input_numel(k), trident::mem_category::activations);
+    run_backward(ch, mb, dy.device_handle(), ch.emb_layer >= 0 ? trident::device_span<float>{} : dx.device_handle());
+    ctx_.synchronize();
+    return dx;
+  }
 
-  //! The last forward_backward's loss: the mean over the micro-batches, averaged over the data
-  //! axis (the same on every rank). Waits for it.
+  //! One chunk, no pipeline: forward and backward of every micro-batch of `b`, then
+  //! finish_backward(). Nothing waits on the host.
+  void forward_backward(const step_batches& b) {
+    TRIDENT_EXPECT(chunks_ == 1, "gpt_cuda_rank::forward_backward: ", chunks_, " chunks; run them as pipeline stages instead");
+    set_batches(b);
+    for (int mb = 0; mb < m_; ++mb) {
+      run_forward(chunks_mine_.front(), mb, {}, {});
+      run_backward(chunks_mine_.front(), mb, {}, {});
+    }
+    finish_backward();
+  }
+
+  //! After every micro-batch's backward: the tied head's gradient joins the embedding's, whose
+  //! bucket is then reduced (once per step).
+  void finish_backward() {
+    if (chunks_ > 1 && owns(chunks_ - 1) && !owns(0)) {
+      ctx_.hand_to(pipe_->stream());
+      pipe_->send(trident::space_span<const float, trident::cuda_space>(head_grad_.data(), head_grad_.size()), 0);
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(head_grad_.data(), 0, head_grad_.size() * sizeof(float), pipe_->stream()));  // after the send
+      ctx_.order_after(pipe_->stream());
+    }
+    if (!owns(0)) return;
+    if constexpr (!policy::shards_gradients) z_->set_gradient_sync(true);
+    if (chunks_ > 1) {
+      const auto g = grad(wte_h_);
+      if (owns(chunks_ - 1)) {
+        wait_for_optimizer();
+        trident::nn::cuda::add_to(head_grad_.device_handle(), g, ctx_.stream());
+        TRIDENT_CUDA_CHECK(cudaMemsetAsync(head_grad_.data(), 0, head_grad_.size() * sizeof(float), ctx_.stream()));
+      } else {
+        ctx_.hand_to(pipe_->stream());  // tie_ is free: the last add from it is done
+        pipe_->recv(trident::space_span<float, trident::cuda_space>(tie_.data(), tie_.size()), (chunks_ - 1) % p_);
+        ctx_.order_after(pipe_->stream());
+        wait_for_optimizer();
+        trident::nn::cuda::add_to(tie_.device_handle(), g, ctx_.stream());
+      }
+      hand_to_optimizer();
+    }
+    z_->grad_ready(chunks_mine_.front().emb_layer);
+  }
+
+  //! The optimizer's step (collective over the grid; the host waits for every rank's report),
+  //! then the new token embedding to the last chunk's copy.
+  trident::zero::step_result step() {
+    const auto r = z_->step();
+    for (auto& ch : chunks_mine_) ch.backwards = 0;
+    send_tied_embedding();
+    return r;
+  }
+
+  //! The step's loss: the mean over its micro-batches, averaged over the data axis, from the
+  //! ranks of the last chunk to every rank. Waits for it.
   double loss() {
     ctx_.hand_to(dp_->stream());
     dp_->all_reduce(trident::space_span<double, trident::cuda_space>(loss_sum_.data(), 1), trident::reduce_op::avg);
+    ctx_.order_after(dp_->stream());
+    ctx_.hand_to(pipe_->stream());
+    pipe_->broadcast(trident::space_span<double, trident::cuda_space>(loss_sum_.data(), 1), (chunks_ - 1) % p_);
     double v = 0;
-    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&v, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, dp_->stream()));
-    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(dp_->stream()));
+    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&v, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, pipe_->stream()));
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(pipe_->stream()));
+    ctx_.order_after(pipe_->stream());
     return v / m_;
   }
 
@@ -308,6 +425,46 @@ class gpt_cuda_rank {
   using device_span_c = trident::device_span<const float>;
   template <class T>
   using device_span = trident::device_span<T>;
+
+  // What forward keeps for backward, per micro-batch; recycled through a pool so that a warm
+  // step allocates no activations.
+  struct final_saved {
+    device_buffer<float> x, out, mean, rstd, logits;
+  };
+  struct saved_set {
+    std::vector<trident::tensor::cuda::block_activations> blocks;
+    std::optional<final_saved> final;
+  };
+  struct chunk {
+    int k = 0;
+    int emb_layer = -1, first_block_layer = 0, final_layer = -1;
+    int backwards = 0;
+    std::vector<trident::tensor::cuda::transformer_block> blocks;
+    std::vector<trident::tensor_handle> handles;  // 12 per block
+    std::map<int, saved_set> saved;
+    std::vector<saved_set> pool;
+  };
+
+  chunk& chunk_of(int k) {
+    for (auto& ch : chunks_mine_)
+      if (ch.k == k) return ch;
+    throw trident::usage_error(trident::detail::concat("gpt_cuda_rank: stage ", k, " is not on pipeline rank ", prank_));
+  }
+  saved_set take(chunk& ch) {
+    if (!ch.pool.empty()) {
+      auto s = std::move(ch.pool.back());
+      ch.pool.pop_back();
+      return s;
+    }
+    saved_set s;
+    for (const auto& b : ch.blocks) s.blocks.push_back(b.make_activations());
+    if (ch.final_layer >= 0) {
+      auto kept = [](std::size_t count) { return device_buffer<float>(count, trident::mem_category::activations); };
+      const std::size_t h = c_.hidden, local_vocab = ce_.shape().vocab_range().size();
+      s.final = final_saved{kept(n_ * h), kept(n_ * h), kept(n_), kept(n_), kept(n_ * local_vocab)};
+    }
+    return s;
+  }
 
   // ZeRO's spans, ready on the data communicator's stream: the compute stream waits for it.
   device_span_c param(trident::tensor_handle h) {
@@ -318,96 +475,158 @@ class gpt_cuda_rank {
     const auto s = z_->gradients(h);
     return {s.data(), s.size()};
   }
-  trident::tensor::cuda::transformer_block::weights block_weights(std::size_t l) {
+  trident::tensor::cuda::transformer_block::weights block_weights(const chunk& ch, std::size_t l) {
     std::array<device_span_c, 12> s;
-    for (std::size_t i = 0; i < 12; ++i) s[i] = param(handles_[l * 12 + i]);
+    for (std::size_t i = 0; i < 12; ++i) s[i] = param(ch.handles[l * 12 + i]);
     return trident::tensor::cuda::transformer_block::weights::from(s);
   }
-  trident::tensor::cuda::transformer_block::gradients block_gradients(std::size_t l) {
+  trident::tensor::cuda::transformer_block::gradients block_gradients(const chunk& ch, std::size_t l) {
     std::array<device_span<float>, 12> s;
-    for (std::size_t i = 0; i < 12; ++i) s[i] = grad(handles_[l * 12 + i]);
+    for (std::size_t i = 0; i < 12; ++i) s[i] = grad(ch.handles[l * 12 + i]);
     return trident::tensor::cuda::transformer_block::gradients::from(s);
   }
   void wait_for_optimizer() { ctx_.order_after(dp_->stream()); }
   void hand_to_optimizer() { ctx_.hand_to(dp_->stream()); }
+  // The scratch buffer that is not `in` (x_ unless `in` is x_).
+  device_buffer<float>& other_than(device_span_c in) { return in.data() == x_.data() ? y_ : x_; }
+  device_span<const std::int32_t> tokens_of(int mb) const { return {tokens_.data() + static_cast<std::size_t>(mb) * n_, n_}; }
+  device_span<const std::int32_t> targets_of(int mb) const { return {targets_.data() + static_cast<std::size_t>(mb) * n_, n_}; }
+  // The head's weight and its gradient: the embedding's own with one chunk, else the last
+  // chunk's copy (its gradient sent to chunk 0 by finish_backward).
+  device_span_c head_weight() { return chunks_ == 1 ? param(wte_h_) : device_span_c(wte_copy_.data(), wte_copy_.size()); }
+  device_span<float> head_gradient() { return chunks_ == 1 ? grad(wte_h_) : head_grad_.device_handle(); }
 
-  // The loss's gradient (for a loss weight of `weight`) replaces the logits.
-  void forward(device_span<const std::int32_t> tokens, device_span<const std::int32_t> targets, float weight) {
+  // Forward of one chunk: `in` is its input (chunk 0: unused), `out` its output (the last
+  // chunk: unused; the loss goes to loss_sum_, its gradient into the saved logits).
+  void run_forward(chunk& ch, int mb, device_span_c in, device_span<float> out) {
+    auto& saved = ch.saved[mb];
+    if (saved.blocks.empty()) saved = take(ch);
     const std::size_t h = c_.hidden;
-    phases_.mark(ctx_.stream(), "embedding forward");
-    const auto wte = param(wte_h_), wpe = param(wpe_h_);
-    wait_for_optimizer();
-    wte_.forward(ctx_, *tp_, tokens, wte, x_.device_handle());
-    detail::add_positions_kernel<><<<detail::grid_for(n_ * h), detail::block, 0, ctx_.stream()>>>(x_.device_handle(), wpe, batch_, h);
-    TRIDENT_CUDA_CHECK(cudaGetLastError());
-    auto* cur = &x_;
-    auto* next = &y_;
-    phases_.mark(ctx_.stream(), "blocks forward");
-    for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      const auto w = block_weights(l);
+    device_span_c cur = in;
+    if (ch.emb_layer >= 0) {
+      phases_.mark(ctx_.stream(), "embedding forward");
+      const auto wte = param(wte_h_), wpe = param(wpe_h_);
       wait_for_optimizer();
-      blocks_[l].forward(ctx_, blas_.get(), *tp_, w, cur->device_handle(), next->device_handle(), saved_[l]);
+      wte_.forward(ctx_, *tp_, tokens_of(mb), wte, x_.device_handle());
+      detail::add_positions_kernel<><<<detail::grid_for(n_ * h), detail::block, 0, ctx_.stream()>>>(x_.device_handle(), wpe, batch_, h);
+      TRIDENT_CUDA_CHECK(cudaGetLastError());
       hand_to_optimizer();
-      z_->release(static_cast<int>(l) + 1);
-      std::swap(cur, next);
+      z_->release(ch.emb_layer);
+      cur = x_.device_handle();
     }
-    last_ = cur;
-    phases_.mark(ctx_.stream(), "final norm, head and loss");
-    const trident::nn::cuda::layer_norm ln{h, c_.eps};
-    const auto lnw = param(lnf_w_), lnb = param(lnf_b_);
-    wait_for_optimizer();
-    ln.forward(ctx_.stream(), n_, cur->device_handle(), lnw, lnb, ln_out_.device_handle(), ln_mean_.device_handle(),
-               ln_rstd_.device_handle());
-    head_.forward(ctx_, blas_.get(), *tp_, n_, ln_out_.device_handle(), param(wte_h_), {}, logits_.device_handle());
-    ce_.forward(ctx_, *tp_, n_, logits_.device_handle(), targets, loss_.device_handle());
-    detail::accumulate_kernel<><<<1, 1, 0, ctx_.stream()>>>(loss_sum_.device_handle(), loss_.device_handle());
-    TRIDENT_CUDA_CHECK(cudaGetLastError());
-    ce_.backward(ctx_, n_, logits_.device_handle(), targets, logits_.device_handle(), weight);  // in place
-    hand_to_optimizer();
-    z_->release(final_layer_);
+    phases_.mark(ctx_.stream(), "blocks forward");
+    for (std::size_t l = 0; l < ch.blocks.size(); ++l) {
+      const bool last = l + 1 == ch.blocks.size();
+      const device_span<float> next = last && ch.final_layer < 0 ? out : other_than(cur).device_handle();
+      const auto w = block_weights(ch, l);
+      wait_for_optimizer();
+      ch.blocks[l].forward(ctx_, blas_.get(), *tp_, w, cur, next, saved.blocks[l]);
+      hand_to_optimizer();
+      z_->release(ch.first_block_layer + static_cast<int>(l));
+      cur = next;
+    }
+    if (ch.final_layer >= 0) head_forward(ch, mb, cur, *saved.final);
     phases_.end(ctx_.stream());
   }
 
-  void backward(device_span<const std::int32_t> tokens) {
+  // Final norm, head and loss; the loss's gradient (weight 1 / micro-batches) replaces the logits.
+  void head_forward(const chunk& ch, int mb, device_span_c y, final_saved& f) {
+    phases_.mark(ctx_.stream(), "final norm, head and loss");
     const std::size_t h = c_.hidden;
     const trident::nn::cuda::layer_norm ln{h, c_.eps};
-    // The head (its weight is wte: the gradient joins the embedding's) and the final norm.
+    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(f.x.data(), y.data(), y.size() * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
+    const auto lnw = param(lnf_w_), lnb = param(lnf_b_);
+    const auto w = head_weight();
+    wait_for_optimizer();
+    ln.forward(ctx_.stream(), n_, y, lnw, lnb, f.out.device_handle(), f.mean.device_handle(), f.rstd.device_handle());
+    head_.forward(ctx_, blas_.get(), *tp_, n_, f.out.device_handle(), w, {}, f.logits.device_handle());
+    ce_.forward(ctx_, *tp_, n_, f.logits.device_handle(), targets_of(mb), loss_.device_handle());
+    detail::accumulate_kernel<><<<1, 1, 0, ctx_.stream()>>>(loss_sum_.device_handle(), loss_.device_handle());
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+    ce_.backward(ctx_, n_, f.logits.device_handle(), targets_of(mb), f.logits.device_handle(), 1.0f / static_cast<float>(m_));
+    hand_to_optimizer();
+    z_->release(ch.final_layer);
+    if (chunks_ == 1) z_->release(ch.emb_layer);
+  }
+
+  // Backward of one chunk: `dy` the gradient of its output (the last chunk: unused), `dx` of its
+  // input (chunk 0: unused; the embedding's gradients accumulate instead).
+  void run_backward(chunk& ch, int mb, device_span_c dy, device_span<float> dx) {
+    auto node = ch.saved.extract(mb);
+    TRIDENT_EXPECT(!node.empty(), "gpt chunk ", ch.k, ": backward of micro-batch ", mb, " without its forward");
+    auto& saved = node.mapped();
+    // Stages 0-1 reduce a bucket once per step: on the chunk's last micro-batch.
+    if constexpr (!policy::shards_gradients) z_->set_gradient_sync(++ch.backwards == m_);
+    device_span_c g = dy;
+    if (ch.final_layer >= 0) g = head_backward(ch, *saved.final);
+    phases_.mark(ctx_.stream(), "blocks backward");
+    for (std::size_t l = ch.blocks.size(); l-- > 0;) {
+      const int layer = ch.first_block_layer + static_cast<int>(l);
+      const device_span<float> next = l == 0 && ch.emb_layer < 0 ? dx : other_than(g).device_handle();
+      const auto w = block_weights(ch, l);
+      const auto gr = block_gradients(ch, l);
+      wait_for_optimizer();
+      ch.blocks[l].backward(ctx_, blas_.get(), *tp_, w, saved.blocks[l], g, next, gr);
+      hand_to_optimizer();
+      z_->release(layer);
+      z_->grad_ready(layer);
+      g = next;
+    }
+    ch.pool.push_back(std::move(saved));
+    if (ch.emb_layer >= 0) embed_backward(mb, g);
+    phases_.end(ctx_.stream());
+  }
+
+  // The head (its gradient joins the embedding's) and the final norm; returns the gradient of
+  // the last block's output (in x_ or y_).
+  device_span_c head_backward(const chunk& ch, final_saved& f) {
     phases_.mark(ctx_.stream(), "head and final norm backward");
-    const auto wte = param(wte_h_);
-    const auto gwte = grad(wte_h_);
+    const trident::nn::cuda::layer_norm ln{c_.hidden, c_.eps};
+    const auto w = head_weight();
+    const auto gw = head_gradient();
     const auto lnw = param(lnf_w_);
     const auto glnw = grad(lnf_w_), glnb = grad(lnf_b_);
     wait_for_optimizer();
-    head_.backward(ctx_, blas_.get(), *tp_, n_, ln_out_.device_handle(), wte, logits_.device_handle(), d_out_.device_handle(), gwte,
-                   {});
-    auto* g = last_ == &x_ ? &y_ : &x_;  // the buffer the last block did not write
-    auto* dx = last_;
-    ln.backward(ctx_.stream(), n_, last_->device_handle(), lnw, ln_mean_.device_handle(), ln_rstd_.device_handle(),
-                d_out_.device_handle(), g->device_handle(), glnw, glnb);
+    head_.backward(ctx_, blas_.get(), *tp_, n_, f.out.device_handle(), w, f.logits.device_handle(), d_out_.device_handle(), gw, {});
+    ln.backward(ctx_.stream(), n_, f.x.device_handle(), lnw, f.mean.device_handle(), f.rstd.device_handle(), d_out_.device_handle(),
+                x_.device_handle(), glnw, glnb);
     hand_to_optimizer();
-    z_->release(final_layer_);
-    z_->grad_ready(final_layer_);
-    phases_.mark(ctx_.stream(), "blocks backward");
-    for (std::size_t l = blocks_.size(); l-- > 0;) {
-      const auto w = block_weights(l);
-      const auto gr = block_gradients(l);
-      wait_for_optimizer();
-      blocks_[l].backward(ctx_, blas_.get(), *tp_, w, saved_[l], g->device_handle(), dx->device_handle(), gr);
-      hand_to_optimizer();
-      z_->release(static_cast<int>(l) + 1);
-      z_->grad_ready(static_cast<int>(l) + 1);
-      std::swap(g, dx);
-    }
+    z_->release(ch.final_layer);
+    if (chunks_ == 1) z_->release(ch.emb_layer);  // the head's weight; embed_backward needs only gradients
+    z_->grad_ready(ch.final_layer);
+    return x_.device_handle();
+  }
+
+  void embed_backward(int mb, device_span_c g) {
     phases_.mark(ctx_.stream(), "embedding backward");
-    const auto gwte2 = grad(wte_h_), gwpe = grad(wpe_h_);
+    const auto gwte = grad(wte_h_), gwpe = grad(wpe_h_);
     wait_for_optimizer();
-    wte_.backward(ctx_, *tp_, tokens, g->device_handle(), gwte2);
-    detail::position_grad_kernel<><<<detail::grid_for(gwpe.size()), detail::block, 0, ctx_.stream()>>>(g->device_handle(), gwpe,
-                                                                                                        batch_, h);
+    wte_.backward(ctx_, *tp_, tokens_of(mb), g, gwte);
+    detail::position_grad_kernel<><<<detail::grid_for(gwpe.size()), detail::block, 0, ctx_.stream()>>>(g, gwpe, batch_, c_.hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     hand_to_optimizer();
-    z_->release(0);
-    phases_.end(ctx_.stream());
+  }
+
+  // The token embedding's new values from chunk 0's rank to the last chunk's copy.
+  void send_tied_embedding() {
+    if (chunks_ == 1) return;
+    if (owns(0)) {
+      const auto w = param(wte_h_);
+      wait_for_optimizer();
+      if (owns(chunks_ - 1)) {
+        TRIDENT_CUDA_CHECK(cudaMemcpyAsync(wte_copy_.data(), w.data(), w.size() * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
+      } else {
+        ctx_.hand_to(pipe_->stream());
+        pipe_->send(trident::space_span<const float, trident::cuda_space>(w.data(), w.size()), (chunks_ - 1) % p_);
+        ctx_.order_after(pipe_->stream());
+      }
+      hand_to_optimizer();  // the buffer is reused only after the copy or the send
+      z_->release(chunks_mine_.front().emb_layer);
+    } else if (owns(chunks_ - 1)) {
+      ctx_.hand_to(pipe_->stream());  // the last reads of the copy are done
+      pipe_->recv(trident::space_span<float, trident::cuda_space>(wte_copy_.data(), wte_copy_.size()), 0);
+      ctx_.order_after(pipe_->stream());
+    }
   }
 
   trident::cuda_context ctx_;
@@ -415,24 +634,44 @@ class gpt_cuda_rank {
   gpu_phases phases_;
   comm_type* tp_;
   comm_type* dp_;
+  comm_type* pipe_;
   gpt_config c_;
-  int m_;
+  int chunks_, p_, prank_, m_;
   std::size_t batch_, n_;
   trident::tensor::block_config block_cfg_;
   trident::tensor::cuda::vocab_parallel_embedding wte_;
   trident::tensor::cuda::column_parallel_linear head_;
   trident::tensor::cuda::vocab_parallel_cross_entropy ce_;
-  std::vector<trident::tensor::cuda::transformer_block> blocks_;
-  std::vector<trident::tensor::cuda::block_activations> saved_;
+  std::vector<chunk> chunks_mine_;
   std::unique_ptr<zero_type> z_;
   trident::tensor_handle wte_h_, wpe_h_, lnf_w_, lnf_b_;
-  std::vector<trident::tensor_handle> handles_;  // 12 per block
-  int final_layer_ = 0;
-  device_buffer<float> x_, y_, ln_out_, ln_mean_, ln_rstd_, logits_, d_out_, loss_;
-  device_buffer<float>* last_ = nullptr;  // the last block's output (x_ or y_)
+  device_buffer<float> wte_copy_, head_grad_, tie_;  // the tied embedding across stages
+  device_buffer<float> x_, y_, d_out_, loss_;
   device_buffer<std::int32_t> tokens_, targets_;
   device_buffer<double> loss_sum_;
 };
+
+//! Chunk k of a gpt_cuda_rank as a pipeline stage (trident::pipeline::stage) with device messages.
+template <int Stage>
+class gpt_cuda_stage {
+ public:
+  using rank_type = gpt_cuda_rank<Stage>;
+  using input_type = typename rank_type::message;
+  using output_type = typename rank_type::message;
+
+  gpt_cuda_stage(rank_type& rank, int k) : rank_(&rank), k_(k) {}
+  std::size_t input_numel() const { return rank_->input_numel(k_); }
+  std::size_t output_numel() const { return rank_->output_numel(k_); }
+  output_type forward(const input_type& x, int mb) { return rank_->forward(k_, x, mb); }
+  input_type backward(const output_type& dy, int mb) { return rank_->backward(k_, dy, mb); }
+
+ private:
+  rank_type* rank_;
+  int k_;
+};
+
+//! The pipeline stage counts (p x virtual stages) the GPU trainer compiles.
+inline constexpr std::array<int, 3> compiled_gpu_stage_counts{1, 2, 4};
 
 namespace detail {
 
@@ -453,16 +692,32 @@ inline void check_tokens(trident::nccl_comm& world, const step_batches& b, std::
                                                        " read a token outside the vocabulary [0, ", vocab, ") (rank ", world.rank(), ")"));
 }
 
-template <int Stage>
-std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_grid<trident::nccl_comm>& grid, const train_options& o,
-                                  const std::function<void(const step_report&)>& on_step) {
-  const optimizer_type opt = flagship::detail::optimizer_of(o);
-  gpt_cuda_rank<Stage> rank(grid, o.model, o.accumulation, o.micro_batch, opt, flagship::detail::zero_options_of(o), o.seed);
-  const int d = grid.data().size(), m = o.accumulation;
+template <class F>
+void with_gpu_stage_count(int n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<std::size_t, 1>{}); return;
+    case 2: f(std::integral_constant<std::size_t, 2>{}); return;
+    case 4: f(std::integral_constant<std::size_t, 4>{}); return;
+    default: break;
+  }
+  throw trident::usage_error(trident::detail::concat("train_cuda: ", n, " pipeline stages (pipeline x virtual_stages) are not "
+                                                     "compiled in on the GPU; expected 1, 2 or 4"));
+}
+
+template <int Stage, std::size_t N>
+std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_grid<trident::nccl_comm>& grid, const train_options& o,
+                                   const std::function<void(const step_report&)>& on_step, gpt_cuda_rank<Stage>& rank,
+                                   const optimizer_type& opt) {
+  namespace pp = trident::pipeline;
+  const int p = grid.pipeline().size(), d = grid.data().size(), m = o.accumulation;
+  pp::uniform_pipeline<gpt_cuda_stage<Stage>, N> pipe(grid.pipeline(),
+                                                      [&](auto k) { return gpt_cuda_stage<Stage>(rank, static_cast<int>(k)); });
+  const auto schedule = flagship::detail::make_schedule(o.schedule, p, m, static_cast<int>(N) / p);
   const int slice = o.data_slice ? o.data_slice->first : grid.data().rank(), slices = o.data_slice ? o.data_slice->second : d;
   trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, slice, slices);
   trident::data::token_batch scratch;
   step_batches batches;
+  const typename gpt_cuda_rank<Stage>::message unused(1, trident::mem_category::other);
   const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
   std::vector<step_report> reports;
   for (long s = 1; s <= o.steps; ++s) {
@@ -470,7 +725,16 @@ std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_gr
     batches = {};
     for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
     check_tokens(world, batches, o.model.vocab, s);
-    rank.forward_backward(batches);
+    if (N == 1) {
+      rank.forward_backward(batches);  // no executor: nothing waits on the host until the step
+    } else {
+      rank.set_batches(batches);
+      // The loss accumulates on the device (rank.loss()); the executor's value is not used.
+      const auto* placeholder = &unused;  // chunk 0's input: it reads the tokens instead
+      (void)pipe.run(grid.pipeline(), schedule, [placeholder](int) -> const auto& { return *placeholder; },
+                     [](const auto&, int, auto&) { return 0.0; });
+      rank.finish_backward();
+    }
     const auto result = rank.step();
     step_report rep;
     rep.step = s;
@@ -486,6 +750,17 @@ std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_gr
   return reports;
 }
 
+template <int Stage>
+std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_grid<trident::nccl_comm>& grid, const train_options& o,
+                                  const std::function<void(const step_report&)>& on_step) {
+  const optimizer_type opt = flagship::detail::optimizer_of(o);
+  const int chunks = o.pipeline * o.virtual_stages;
+  gpt_cuda_rank<Stage> rank(grid, o.model, chunks, o.accumulation, o.micro_batch, opt, flagship::detail::zero_options_of(o), o.seed);
+  std::vector<step_report> out;
+  with_gpu_stage_count(chunks, [&](auto n) { out = loop_cuda<Stage, decltype(n)::value>(world, grid, o, on_step, rank, opt); });
+  return out;
+}
+
 }  // namespace detail
 
 //! flagship::train on GPUs (see the header comment): every rank of `world` calls it with the
@@ -493,24 +768,29 @@ std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_gr
 //! have yet are errors that say so, before anything collective.
 inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const train_options& o,
                                            const std::function<void(const step_report&)>& on_step = {}) {
-  TRIDENT_EXPECT(o.pipeline == 1 && o.virtual_stages == 1, "train_cuda: pipeline ", o.pipeline, " x virtual stages ",
-                 o.virtual_stages, "; the GPU path runs one pipeline stage for now (expected 1 and 1; pipelines run on thread "
-                 "and MPI ranks)");
+  TRIDENT_EXPECT(o.tensor >= 1 && o.pipeline >= 1 && o.virtual_stages >= 1, "train_cuda: tensor ", o.tensor, ", pipeline ",
+                 o.pipeline, ", virtual_stages ", o.virtual_stages, "; expected all at least 1");
+  const int chunks = o.pipeline * o.virtual_stages;
+  TRIDENT_EXPECT(std::find(compiled_gpu_stage_counts.begin(), compiled_gpu_stage_counts.end(), chunks) != compiled_gpu_stage_counts.end(),
+                 "train_cuda: ", chunks, " pipeline stages (pipeline x virtual_stages) are not compiled in on the GPU; expected 1, 2 "
+                 "or 4");
   TRIDENT_EXPECT(!o.model.sequence_parallel && o.model.recompute != recompute_mode::full,
                  "train_cuda: sequence parallelism and full recomputation are not on the GPU path yet");
   TRIDENT_EXPECT(o.eval_every <= 0 && o.trace_step <= 0 && o.save_every <= 0 && !o.resume,
                  "train_cuda: validation, traces and checkpoints are not on the GPU path yet; expected eval_every, trace_step "
                  "and save_every 0 and no resume");
-  TRIDENT_EXPECT(o.tensor >= 1 && world.size() % o.tensor == 0, "train_cuda: a world of ", world.size(),
-                 " ranks is not d x t for t = ", o.tensor, "; expected a multiple of ", o.tensor);
+  TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train_cuda: a world of ", world.size(),
+                 " ranks is not d x t x p for t = ", o.tensor, " and p = ", o.pipeline, "; expected a multiple of ",
+                 o.tensor * o.pipeline);
   TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train_cuda: accumulation ", o.accumulation, ", steps ", o.steps,
                  "; expected at least 1 micro-batch per step and no negative step count");
+  (void)flagship::detail::make_schedule(o.schedule, o.pipeline, o.accumulation, o.virtual_stages);
   const auto& c = o.model;
-  flagship::detail::check_model(c, static_cast<std::size_t>(o.tensor), 1, "train_cuda");
+  flagship::detail::check_model(c, static_cast<std::size_t>(o.tensor), static_cast<std::size_t>(chunks), "train_cuda");
   {
-    const trident::data::shard_loader check(o.train_files, o.micro_batch, c.seq, 0, world.size() / o.tensor);
+    const trident::data::shard_loader check(o.train_files, o.micro_batch, c.seq, 0, world.size() / (o.tensor * o.pipeline));
   }
-  trident::process_grid grid(world, o.tensor, 1);
+  trident::process_grid grid(world, o.tensor, o.pipeline);
   std::vector<step_report> out;
   flagship::detail::with_zero_stage(o.zero_stage, [&](auto stage) { out = detail::run_cuda<decltype(stage)::value>(world, grid, o, on_step); });
   return out;

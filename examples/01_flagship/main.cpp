@@ -6,8 +6,8 @@
 //                                               the KJV shards of scripts/prepare_data.py
 //   ./flagship --ranks 8 --tensor 2 --pipeline 2 --zero 3 --steps 300
 //   mpirun -np 4 ./flagship --backend mpi --tensor 2
-//   mpirun -np 2 ./flagship --backend nccl --tensor 2        one GPU per rank (gpt_cuda.cuh: fp32,
-//                                                             one pipeline stage)
+//   mpirun -np 4 ./flagship --backend nccl --tensor 2 --pipeline 2   one GPU per rank (gpt_cuda.cuh:
+//                                                                     fp32; 1, 2 or 4 stages)
 //   ./flagship --help
 //
 // It prints each rank's memory by category after the first step, a progress line per step
@@ -66,8 +66,8 @@ struct settings {
 
 constexpr const char* usage = R"(usage: flagship [options]
   --backend local|mpi|nccl   thread ranks of this process (default), MPI ranks (under mpirun), or
-                         NCCL ranks on GPUs (under mpirun; one GPU per rank, fp32, one pipeline
-                         stage, no validation, traces or checkpoints yet)
+                         NCCL ranks on GPUs (under mpirun; one GPU per rank, fp32, 1, 2 or 4
+                         pipeline stages, no validation, traces or checkpoints yet)
   --share-gpu            nccl: every rank on GPU 0 (NCCL over sockets: for checking, not speed)
   --ranks N              thread ranks (default 4)
   --config FILE          a DeepSpeed config with a "trident" section (examples/01_flagship/configs);

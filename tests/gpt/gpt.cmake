@@ -43,7 +43,15 @@ endif()
 # On the GPU (examples/01_flagship/gpt_cuda.cuh): NCCL ranks sharing GPU 0 against the host's
 # serial run; skips (77) without a device.
 if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi AND TARGET trident::cuda AND NOT sanitized)
-  trident_add_test(gpt.nccl SOURCES gpt/test_gpt_nccl.cu LIBRARIES trident_test_gpt trident::nccl trident::cuda trident::mpi
-                   Threads::Threads MPI_RANKS 4 LABELS gpt nccl gpu mpi TIMEOUT 600)
+  # The GPU trainer's instantiations: the flagship's flagship_cuda, or compiled here without examples.
+  if(TARGET flagship_cuda)
+    set(gpt_cuda_train flagship_cuda)
+    set(gpt_cuda_sources "")
+  else()
+    set(gpt_cuda_train "")
+    set(gpt_cuda_sources "${PROJECT_SOURCE_DIR}/examples/01_flagship/train_cuda.cu")
+  endif()
+  trident_add_test(gpt.nccl SOURCES gpt/test_gpt_nccl.cu ${gpt_cuda_sources} LIBRARIES trident_test_gpt ${gpt_cuda_train} trident::nccl
+                   trident::cuda trident::mpi Threads::Threads MPI_RANKS 4 LABELS gpt nccl gpu mpi TIMEOUT 900)
   set_property(TEST gpt.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
 endif()

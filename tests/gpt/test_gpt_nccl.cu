@@ -1,8 +1,10 @@
-// The flagship GPT on the GPU (examples/01_flagship/gpt_cuda.cuh) over NCCL ranks sharing GPU 0
-// (told apart by NCCL_HOSTID): every (d, t) grid the world allows x ZeRO {0, 1, 2, 3} trains,
-// step for step, to the losses and gradient norms of the host's serial run (one thread rank,
-// the whole global batch by gradient accumulation, fp32) within 1e-5 over 20 steps, the issue's
-// oracle; and what the GPU path does not have yet is an error that says so.
+// The flagship GPT on the GPU (examples/01_flagship/gpt_cuda.cuh, through train_cuda.hpp) over
+// NCCL ranks sharing GPU 0 (told apart by NCCL_HOSTID): every (d, t, p) grid the world allows
+// trains, step for step, to the losses and gradient norms of the host's serial run (one thread
+// rank, the whole global batch by gradient accumulation, fp32) within 1e-5 over 20 steps, the
+// issue's oracle: grids without pipeline stages with ZeRO 0-3, pipelined ones (1F1B, and
+// interleaved virtual stages) with ZeRO 1 and 3. And what the GPU path does not have yet is an
+// error that says so.
 #define DOCTEST_CONFIG_IMPLEMENT  // main() is nccl_mpi_doctest_main's
 #include <doctest/doctest.h>
 
@@ -13,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "01_flagship/gpt_cuda.cuh"
+#include "01_flagship/train_cuda.hpp"  // compiled once, in train_cuda.cu
 #include "gpt/gpt_suite.hpp"
 #include "support/nccl_mpi_main.hpp"
 #include "trident/comm/local.hpp"
@@ -36,34 +38,45 @@ std::vector<flagship::step_report> serial_run(flagship::train_options o, int d) 
 
 }  // namespace
 
-TEST_CASE("gpt on the GPU: every (d, t) grid x ZeRO stage trains to the host's serial losses and norms (NCCL, fp32, 20 steps)") {
+TEST_CASE("gpt on the GPU: every (d, t, p) grid trains to the host's serial losses and norms (NCCL, fp32, 20 steps)") {
   auto& w = *world;
   const auto o0 = gpt_suite::small_options();
+  struct layout {
+    int t, p, v;
+    std::vector<int> stages;
+  };
+  std::vector<layout> layouts;
+  for (int t : {1, 2, 4})
+    for (int p : {1, 2, 4})
+      if (w.size() % (t * p) == 0) layouts.push_back({t, p, 1, p == 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{1, 3}});
+  if (w.size() <= 2) layouts.push_back({1, w.size(), 2, {2}});  // interleaved: two chunks per rank
   double worst = 0;
-  for (int t : {1, 2, 4}) {
-    if (w.size() % t != 0) continue;
-    const int d = w.size() / t;
+  for (const auto& l : layouts) {
+    const int d = w.size() / (l.t * l.p);
     const auto want = serial_run(o0, d);
     REQUIRE(want.size() == static_cast<std::size_t>(o0.steps));
-    for (int stage = 0; stage <= 3; ++stage) {
+    for (int stage : l.stages) {
       auto o = o0;
-      o.tensor = t;
+      o.tensor = l.t;
+      o.pipeline = l.p;
+      o.virtual_stages = l.v;
+      if (l.v > 1) o.schedule = "interleaved";
       o.zero_stage = stage;
-      if (stage == 1) o.model.recompute = flagship::recompute_mode::selective;  // one stage with the probabilities recomputed
-      const auto got = flagship::cuda::train_cuda(w, o);
+      if (stage == 1) o.model.recompute = flagship::recompute_mode::selective;  // the probabilities recomputed
+      const auto got = flagship::cuda::train_on_gpus(w, o);
       REQUIRE(got.size() == want.size());
       int clipped = 0;
       for (std::size_t s = 0; s < got.size(); ++s) {
-        INFO("(d, t) = (", d, ", ", t, "), ZeRO-", stage, ", rank ", w.rank(), ", step ", s + 1, ": loss ", got[s].loss, " vs ",
-             want[s].loss, ", norm ", got[s].grad_norm, " vs ", want[s].grad_norm);
+        INFO("(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), v = ", l.v, ", ZeRO-", stage, ", rank ", w.rank(), ", step ", s + 1,
+             ": loss ", got[s].loss, " vs ", want[s].loss, ", norm ", got[s].grad_norm, " vs ", want[s].grad_norm);
         CHECK(std::isfinite(got[s].loss));
         CHECK(gpt_suite::relative(got[s].loss, want[s].loss) <= 1e-5);
         CHECK(gpt_suite::relative(got[s].grad_norm, want[s].grad_norm) <= 1e-5);
         worst = std::max({worst, gpt_suite::relative(got[s].loss, want[s].loss), gpt_suite::relative(got[s].grad_norm, want[s].grad_norm)});
         clipped += want[s].grad_norm > o.max_grad_norm;
       }
-      CHECK(clipped > 0);                                  // the global norm mattered
-      CHECK(got.back().loss < got.front().loss - 0.5);    // and the model learned
+      CHECK(clipped > 0);                                // the global norm mattered
+      CHECK(got.back().loss < got.front().loss - 0.5);  // and the model learned
     }
   }
   if (w.rank() == 0) std::printf("gpt.nccl: %d ranks, largest relative difference from the host's serial run: %.3g\n", w.size(), worst);
@@ -75,16 +88,16 @@ TEST_CASE("gpt on the GPU: what the GPU path does not have yet is an error that 
   o.steps = 1;
   auto fails_with = [&](const flagship::train_options& bad, const std::string& words) {
     try {
-      (void)flagship::cuda::train_cuda(w, bad);
+      (void)flagship::cuda::train_on_gpus(w, bad);
       FAIL("expected an error containing '" << words << "'");
     } catch (const std::exception& e) {
       INFO(e.what());
       CHECK(std::string(e.what()).find(words) != std::string::npos);
     }
   };
-  auto p2 = o;
-  p2.pipeline = 2;
-  fails_with(p2, "one pipeline stage");
+  auto p3 = o;
+  p3.pipeline = 3;
+  fails_with(p3, "not compiled in on the GPU");
   auto sp = o;
   sp.model.sequence_parallel = true;
   fails_with(sp, "sequence parallelism");
@@ -97,7 +110,7 @@ TEST_CASE("gpt on the GPU: what the GPU path does not have yet is an error that 
   // And the world still works afterwards: nothing collective was left half done.
   auto ok = o;
   ok.zero_stage = 3;
-  CHECK(flagship::cuda::train_cuda(w, ok).size() == 1);
+  CHECK(flagship::cuda::train_on_gpus(w, ok).size() == 1);
 }
 
 int main(int argc, char** argv) { return test_support::nccl_mpi_doctest_main(argc, argv, world); }
