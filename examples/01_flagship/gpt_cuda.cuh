@@ -676,13 +676,14 @@ inline constexpr std::array<int, 3> compiled_gpu_stage_counts{1, 2, 4};
 namespace detail {
 
 // Every rank learns whether any rank read a token outside the vocabulary (one int over the
-// world, on the device), so that all of them throw at the same step.
-inline void check_tokens(trident::nccl_comm& world, const step_batches& b, std::size_t vocab, long step) {
+// world, in `flag`: device memory made once per run, not per step), so that all of them throw
+// at the same step.
+inline void check_tokens(trident::nccl_comm& world, const step_batches& b, std::size_t vocab, long step,
+                         trident::buffer<std::int32_t, trident::cuda_space>& flag) {
   std::int32_t bad = 0;
   for (const auto* lists : {&b.inputs, &b.targets})
     for (const auto& list : *lists)
       for (const auto v : list) bad |= v < 0 || static_cast<std::size_t>(v) >= vocab;
-  trident::buffer<std::int32_t, trident::cuda_space> flag(1, trident::mem_category::other);
   trident::copy(std::span<const std::int32_t>(&bad, 1), flag);
   world.all_reduce(flag, trident::reduce_op::max);
   world.synchronize();
@@ -718,13 +719,14 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   trident::data::token_batch scratch;
   step_batches batches;
   const typename gpt_cuda_rank<Stage>::message unused(1, trident::mem_category::other);
+  trident::buffer<std::int32_t, trident::cuda_space> bad_tokens(1, trident::mem_category::other);
   const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
   std::vector<step_report> reports;
   for (long s = 1; s <= o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     batches = {};
     for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
-    check_tokens(world, batches, o.model.vocab, s);
+    check_tokens(world, batches, o.model.vocab, s, bad_tokens);
     if (N == 1) {
       rank.forward_backward(batches);  // no executor: nothing waits on the host until the step
     } else {
