@@ -38,11 +38,22 @@ trident_find_cuda() {
 trident_configure() {
   trident_find_cuda
   echo "== configuring in $TRIDENT_BUILD"
+  # Without a GPU the CUDA tests only compile (they skip at run time), so one architecture is
+  # enough to check that: sm_90, the lent GPU machines' (H100, H200). It saves a fifth of every
+  # CUDA translation unit's time (73.7 s -> 60.7 s on test_zero_checkpoint_nccl.cu). With a GPU,
+  # or TRIDENT_CUDA_ARCHITECTURES set, the project's default (80;90) or that.
+  local arch=()
+  if [[ -n ${TRIDENT_CUDA_ARCHITECTURES:-} ]]; then
+    arch=("-DCMAKE_CUDA_ARCHITECTURES=$TRIDENT_CUDA_ARCHITECTURES")
+  elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    arch=("-DCMAKE_CUDA_ARCHITECTURES=90")
+  fi
   # -g1 (line tables: backtraces and profiles keep file and line) instead of -g's full debug
   # information: a quarter less compile time on the template-heavy translation units, C++ and
   # CUDA alike (nvcc's -g is the host compiler's; 89 s -> 68 s on test_zero_checkpoint_nccl.cu).
   cmake -S "$TRIDENT_ROOT" -B "$TRIDENT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -Xcompiler=-g1 -DNDEBUG" "$@"
+        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_CUDA_FLAGS_RELWITHDEBINFO=-O2 -Xcompiler=-g1 -DNDEBUG" \
+        "${arch[@]}" "$@"
 }
 
 trident_build() {
