@@ -13,6 +13,7 @@
 #include "trident/comm/local.hpp"
 #include "trident/comm/mpi.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
+#include "zero/async_suite.hpp"
 #include "zero/misuse_suite.hpp"
 #include "zero/zero_training.hpp"
 
@@ -49,6 +50,17 @@ TEST_CASE("zero over MPI: stages 0-3 = one rank on the global batch (SGD momentu
   optim::adamw adamw;
   adamw.opt.lr = 3e-3f;
   check(adamw, "adamw");
+}
+
+TEST_CASE("zero over MPI: step_async = step(), bit for bit; skips, orders and refusals as on thread ranks") {
+  auto& comm = test_support::mpi_world();
+  async_suite::same_as_step<0, trident::full_precision>(comm, async_suite::adamw(), 0.0);
+  async_suite::same_as_step<1, trident::mixed_precision<trident::bf16>>(comm, async_suite::adamw(), 0.0);
+  async_suite::same_as_step<2, trident::full_precision>(comm, async_suite::sgd(), 0.0);
+  async_suite::same_as_step<3, trident::full_precision>(comm, async_suite::adamw(), 0.0);
+  async_suite::skipped_everywhere<2, trident::mixed_precision<trident::bf16>>(comm, 0.0);
+  async_suite::different_orders<1>(comm, 0.0);
+  async_suite::refusals(comm);
 }
 
 TEST_CASE("zero over MPI: misuse is the same usage_error on every rank, before anything is queued or applied") {

@@ -6,6 +6,9 @@ target_include_directories(test_zero_local PRIVATE "${PROJECT_SOURCE_DIR}/exampl
 if(CMAKE_CXX_FLAGS MATCHES "-fsanitize")
   target_compile_definitions(test_zero_local PRIVATE TRIDENT_ZERO_FEW_INSTANCES=1)  # see test_zero.cpp
 endif()
+# step_async (the step a CUDA graph can capture) against step(): tests/zero/async_suite.hpp.
+trident_add_test(zero.async SOURCES zero/test_zero_async.cpp LIBRARIES Threads::Threads LABELS zero local TIMEOUT 600)
+target_include_directories(test_zero_async PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
 # The flat layout alone: buckets, layers without tensors, handles.
 trident_add_test(zero.flat_layout SOURCES zero/test_flat_layout.cpp LABELS zero)
 # Bad input (issue 17): a clear usage_error on every rank, never a crash, hang or silent corruption.
@@ -32,6 +35,11 @@ if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi)
                    MPI_RANKS 2 LABELS zero nccl gpu mpi TIMEOUT 600)
   target_include_directories(test_zero_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
   set_property(TEST zero.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+  # step_async captured into a CUDA graph (stages 0-3) and the async suite, on 2 NCCL ranks.
+  trident_add_test(zero.graph_nccl SOURCES zero/test_zero_graph_nccl.cu LIBRARIES trident::nccl trident::mpi Threads::Threads
+                   MPI_RANKS 2 LABELS zero nccl gpu mpi TIMEOUT 600)
+  target_include_directories(test_zero_graph_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+  set_property(TEST zero.graph_nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
   # The misuse suite (misuse_suite.hpp) on 2 NCCL ranks sharing GPU 0, device buffers staged
   # through the host; skips (77) without a device like zero.nccl.
   trident_add_test(zero.misuse_nccl SOURCES zero/test_zero_misuse_nccl.cu LIBRARIES trident::nccl trident::mpi Threads::Threads

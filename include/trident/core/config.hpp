@@ -3,6 +3,8 @@
 // Synopsis
 //   TRIDENT_VERSION_{MAJOR,MINOR,PATCH}, TRIDENT_VERSION, TRIDENT_VERSION_STRING
 //   TRIDENT_HOST_DEVICE      __host__ __device__ under nvcc, empty for a host compiler
+//   TRIDENT_EXEC_CHECK_DISABLE  before a TRIDENT_HOST_DEVICE template that calls a functor it is
+//                            given: nvcc then lets a host-only functor through on the host side
 //   TRIDENT_HAS_CUDA         1 when the CUDA runtime may be called from this translation unit
 //   TRIDENT_HAS_NCCL         1 when NCCL may be called (set by the trident::nccl target)
 //   TRIDENT_HAS_MPI          1 when MPI may be called (set by the trident::mpi target)
@@ -22,8 +24,10 @@
 
 #if defined(__CUDACC__)
 #define TRIDENT_HOST_DEVICE __host__ __device__
+#define TRIDENT_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
 #else
 #define TRIDENT_HOST_DEVICE
+#define TRIDENT_EXEC_CHECK_DISABLE
 #endif
 
 // nvcc compiles every translation unit with the CUDA runtime on the include path, so CUDA is

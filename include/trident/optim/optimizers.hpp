@@ -9,6 +9,9 @@
 //       (all four are basic_adam<Decoupled, AMSGrad>)
 //     concept optimizer<O>                 how a type opts in (see below)
 //     concept elementwise_optimizer<O>     + visit_update: what the CUDA step (optim/cuda/step.cuh) needs
+//     concept deferrable_optimizer<O>      + static dispatch(options, t, f), host and device: what a
+//                                          deferred step (step number and decision in device memory) needs
+//     struct deferred_decision             where such a step reads apply, step number and multiplier
 //     struct grad_stats { double sum_squares; bool finite; }
 //     grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1)
 //     float clip_multiplier(double global_norm, float max_norm)
@@ -232,8 +235,23 @@ struct amsgrad_update : adam_update<L2, Decoupled> {
   }
 };
 
+// lr * weight_decay rounded before 1 - it, on the device too, where nvcc would contract the two
+// into a fused multiply-add (one rounding) and differ from the host.
+TRIDENT_HOST_DEVICE inline double mul_rn_double(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// TRIDENT_HOST_DEVICE: a deferred step (optim/cuda/step.cuh, cuda::step_deferred) builds the
+// update inside the kernel from a step number kept in device memory. The device's pow is not
+// glibc's (both within an ulp of the true double), so the float scalars can differ from the
+// host's in rare last bits there.
+TRIDENT_EXEC_CHECK_DISABLE
 template <bool L2, bool Decoupled, bool AMSGrad = false, class Options, class F>
-decltype(auto) visit_adam(const Options& o, std::int64_t step_number, F&& f) {
+TRIDENT_HOST_DEVICE decltype(auto) visit_adam(const Options& o, std::int64_t step_number, F&& f) {
   // Python computes these scalars in double; the kernels receive them rounded to float.
   const double t = static_cast<double>(step_number);
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
@@ -245,7 +263,7 @@ decltype(auto) visit_adam(const Options& o, std::int64_t step_number, F&& f) {
   u.beta2 = o.beta2;
   u.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
   u.weight_decay = o.weight_decay;
-  u.decay = static_cast<float>(1.0 - lr * static_cast<double>(o.weight_decay));
+  u.decay = static_cast<float>(1.0 - mul_rn_double(lr, static_cast<double>(o.weight_decay)));
   u.neg_step_size = static_cast<float>(-(lr / bias_correction1));
   u.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   u.eps = o.eps;
@@ -475,23 +493,21 @@ struct sgd {
     detail::check_option("sgd", "weight_decay", opt.weight_decay, 0, inf, true);
     TRIDENT_EXPECT(!opt.nesterov || (opt.momentum > 0 && opt.dampening == 0),
                    "sgd: Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)");
-    const float neg_lr = static_cast<float>(-static_cast<double>(opt.lr));
-    const float one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(opt.dampening));
-    const bool first = step_number == 1;
-    auto call = [&]<bool WD, bool M, bool First, bool N>() -> decltype(auto) {
-      return std::forward<F>(f)(detail::sgd_update<WD, M, First, N>{neg_lr, opt.weight_decay, opt.momentum, one_minus_dampening});
-    };
-    auto with_wd = [&]<bool M, bool First, bool N>() -> decltype(auto) {
-      if (opt.weight_decay != 0) return call.template operator()<true, M, First, N>();
-      return call.template operator()<false, M, First, N>();
-    };
-    if (opt.momentum == 0) return with_wd.template operator()<false, false, false>();
-    if (first) {
-      if (opt.nesterov) return with_wd.template operator()<true, true, true>();
-      return with_wd.template operator()<true, true, false>();
+    return dispatch(opt, step_number, std::forward<F>(f));
+  }
+
+  //! visit_update without the checks, callable in device code: a deferred step
+  //! (cuda::step_deferred) calls it in its kernel with the step number kept on the device.
+  TRIDENT_EXEC_CHECK_DISABLE
+  template <class F>
+  TRIDENT_HOST_DEVICE static decltype(auto) dispatch(const options& o, std::int64_t step_number, F&& f) {
+    if (o.momentum == 0) return with_decay<false, false, false>(o, std::forward<F>(f));
+    if (step_number == 1) {
+      if (o.nesterov) return with_decay<true, true, true>(o, std::forward<F>(f));
+      return with_decay<true, true, false>(o, std::forward<F>(f));
     }
-    if (opt.nesterov) return with_wd.template operator()<true, false, true>();
-    return with_wd.template operator()<true, false, false>();
+    if (o.nesterov) return with_decay<true, false, true>(o, std::forward<F>(f));
+    return with_decay<true, false, false>(o, std::forward<F>(f));
   }
 
   //! One step over a flat shard; see the header comment for the arguments.
@@ -502,6 +518,24 @@ struct sgd {
       detail::run_host_step("sgd::step", u, params, grads, state, step_number, grad_multiplier, working_copy);
     });
   }
+
+ private:
+  // dispatch's cases (plain functions rather than lambdas, so that nvcc's check above covers them).
+  TRIDENT_EXEC_CHECK_DISABLE
+  template <bool M, bool First, bool N, class F>
+  TRIDENT_HOST_DEVICE static decltype(auto) with_decay(const options& o, F&& f) {
+    if (o.weight_decay != 0) return call<true, M, First, N>(o, std::forward<F>(f));
+    return call<false, M, First, N>(o, std::forward<F>(f));
+  }
+  TRIDENT_EXEC_CHECK_DISABLE
+  template <bool WD, bool M, bool First, bool N, class F>
+  TRIDENT_HOST_DEVICE static decltype(auto) call(const options& o, F&& f) {
+    const float neg_lr = static_cast<float>(-static_cast<double>(o.lr));
+    const float one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(o.dampening));
+    return std::forward<F>(f)(detail::sgd_update<WD, M, First, N>{neg_lr, o.weight_decay, o.momentum, one_minus_dampening});
+  }
+
+ public:
 
   //! The same for gradients in any contiguous range (a std::vector, a buffer): its element type
   //! is the gradient type.
@@ -546,8 +580,15 @@ struct basic_adam {
   template <class F>
   decltype(auto) visit_update(std::int64_t step_number, F&& f) const {
     detail::check_adam_options(name, opt);
-    if (opt.weight_decay != 0) return detail::visit_adam<!Decoupled, Decoupled, AMSGrad>(opt, step_number, std::forward<F>(f));
-    return detail::visit_adam<false, false, AMSGrad>(opt, step_number, std::forward<F>(f));
+    return dispatch(opt, step_number, std::forward<F>(f));
+  }
+
+  //! visit_update without the checks, callable in device code (see sgd::dispatch).
+  TRIDENT_EXEC_CHECK_DISABLE
+  template <class F>
+  TRIDENT_HOST_DEVICE static decltype(auto) dispatch(const options& o, std::int64_t step_number, F&& f) {
+    if (o.weight_decay != 0) return detail::visit_adam<!Decoupled, Decoupled, AMSGrad>(o, step_number, std::forward<F>(f));
+    return detail::visit_adam<false, false, AMSGrad>(o, step_number, std::forward<F>(f));
   }
 
   //! One step over a flat shard; see the header comment for the arguments.
@@ -603,6 +644,26 @@ concept elementwise_optimizer = optimizer<O> && requires(const O& o, std::int64_
 
 static_assert(elementwise_optimizer<sgd> && elementwise_optimizer<adam> && elementwise_optimizer<adamw> &&
               elementwise_optimizer<adam_amsgrad> && elementwise_optimizer<adamw_amsgrad>);
+
+//! Where a deferred step (cuda::step_deferred, zero_optimizer::step_async) finds what the host
+//! would otherwise pass it: three doubles in memory, written by the work that decided the step.
+struct deferred_decision {
+  static constexpr std::size_t apply = 0;        // 0: skip the step (nothing is written)
+  static constexpr std::size_t step_number = 1;  // 1 on the first step, as step()'s argument
+  static constexpr std::size_t multiplier = 2;   // the gradient multiplier (a float's value)
+  static constexpr std::size_t size = 3;
+};
+
+//! An elementwise optimizer whose update a kernel can build itself from a step number in device
+//! memory: a static, unchecked `dispatch(options, step_number, f)` (TRIDENT_HOST_DEVICE) that
+//! visit_update calls after its checks. What zero_optimizer::step_async needs.
+template <class O>
+concept deferrable_optimizer = elementwise_optimizer<O> && requires(const O& o, std::int64_t t, detail::update_sink sink) {
+  O::dispatch(o.opt, t, sink);
+};
+
+static_assert(deferrable_optimizer<sgd> && deferrable_optimizer<adam> && deferrable_optimizer<adamw> &&
+              deferrable_optimizer<adam_amsgrad> && deferrable_optimizer<adamw_amsgrad>);
 
 //! One pass over a gradient shard: the sum of squares of the multiplied gradients (for global
 //! norm clipping, summed over shards and ranks) and whether all of them are finite (the
@@ -664,6 +725,16 @@ grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1.0f) 
   return {total, std::isfinite(total)};
 }
 
+namespace detail {
+// clip_multiplier without its check, callable in device code (a deferred step decides there).
+// std::min and std::isnan are spelt out: nvcc takes neither in device code without flags.
+TRIDENT_HOST_DEVICE inline float clip_coefficient(double global_norm, float max_norm) noexcept {
+  const double coefficient = static_cast<double>(max_norm) / (global_norm + 1e-6);
+  if (coefficient != coefficient) return static_cast<float>(coefficient);  // NaN
+  return static_cast<float>(coefficient < 1.0 ? coefficient : 1.0);
+}
+}  // namespace detail
+
 //! The factor that clips gradients to a global L2 norm, as torch.nn.utils.clip_grad_norm_:
 //! min(1, max_norm / (global_norm + 1e-6)); NaN when the norm is NaN (as PyTorch, which then
 //! multiplies the gradients by NaN). Pass it to step() inside grad_multiplier.
@@ -671,9 +742,7 @@ grad_stats gradient_stats(std::span<const Grad> grads, float multiplier = 1.0f) 
 //!   const float m = unscale * trident::optim::clip_multiplier(std::sqrt(total_sum_squares), 1.0f);
 inline float clip_multiplier(double global_norm, float max_norm) {
   TRIDENT_EXPECT(max_norm > 0, "clip_multiplier: max_norm must be positive, got ", max_norm);
-  const double coefficient = static_cast<double>(max_norm) / (global_norm + 1e-6);
-  if (std::isnan(coefficient)) return static_cast<float>(coefficient);
-  return static_cast<float>(std::min(coefficient, 1.0));
+  return detail::clip_coefficient(global_norm, max_norm);
 }
 
 }  // namespace trident::optim

@@ -6,6 +6,9 @@
 //     void step(const Opt& o, device_span<float> params, device_span<const Grad> grads,
 //               std::array<device_span<float>, Opt::state_count> state, std::int64_t step_number,
 //               float grad_multiplier = 1, device_span<Working> working_copy = {}, cudaStream_t stream = 0)
+//     void step_deferred(const Opt& o, params, grads, state, const double* decision_on_device,
+//                        device_span<Working> working_copy = {}, cudaStream_t stream = 0)
+//                                   the same, applied or not, step number and multiplier read on the device
 //     std::size_t gradient_stats_scratch_size(std::size_t n)             doubles gradient_stats_async needs
 //     void gradient_stats_async(device_span<const Grad> grads, float multiplier,
 //                               device_span<double> scratch, cudaStream_t stream = 0)   scratch[0] = sum of squares
@@ -87,10 +90,11 @@ __device__ inline void to_array(const float4& v, float (&a)[4]) {
   a[3] = v.w;
 }
 
+// The body of a step kernel: this thread's elements of the grid-stride loop.
 template <class Update, class Grad, class Working>
-__global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restrict__ g, float* __restrict__ s0,
-                            float* __restrict__ s1, float* __restrict__ s2, Working* __restrict__ w, std::size_t n,
-                            float multiplier, bool vectorised) {
+__device__ inline void step_elements(const Update& u, float* __restrict__ p, const Grad* __restrict__ g,
+                                     float* __restrict__ s0, float* __restrict__ s1, float* __restrict__ s2,
+                                     Working* __restrict__ w, std::size_t n, float multiplier, bool vectorised) {
   constexpr std::size_t states = Update::states;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -133,6 +137,32 @@ __global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restr
     if constexpr (states >= 3) s2[i] = c;
     if (w != nullptr) w[i] = Working(pv);
   }
+}
+
+template <class Update, class Grad, class Working>
+__global__ void step_kernel(Update u, float* __restrict__ p, const Grad* __restrict__ g, float* __restrict__ s0,
+                            float* __restrict__ s1, float* __restrict__ s2, Working* __restrict__ w, std::size_t n,
+                            float multiplier, bool vectorised) {
+  step_elements(u, p, g, s0, s1, s2, w, n, multiplier, vectorised);
+}
+
+// The deferred step: whether it runs, its step number and its multiplier come from device
+// memory (optim::deferred_decision), and every thread builds the update from them (a few double
+// operations per thread, against a pass over the shard).
+template <class Opt, class Grad, class Working>
+__global__ void deferred_step_kernel(typename Opt::options o, const double* __restrict__ decision, float* __restrict__ p,
+                                     const Grad* __restrict__ g, float* __restrict__ s0, float* __restrict__ s1,
+                                     float* __restrict__ s2, Working* __restrict__ w, std::size_t n, bool vectorised) {
+  using dd = optim::deferred_decision;
+  if (decision[dd::apply] == 0.0) return;
+  const auto t = static_cast<std::int64_t>(decision[dd::step_number]);
+  const auto multiplier = static_cast<float>(decision[dd::multiplier]);
+  Opt::dispatch(o, t, [&](const auto& u) {
+    using update = std::remove_cvref_t<decltype(u)>;
+    // A state the update does not use is not touched (it may be empty), as in cuda::step.
+    step_elements(u, p, g, update::states >= 1 ? s0 : nullptr, update::states >= 2 ? s1 : nullptr,
+                  update::states >= 3 ? s2 : nullptr, w, n, multiplier, vectorised);
+  });
 }
 
 inline bool aligned(const void* pointer, std::size_t bytes) noexcept {
@@ -205,6 +235,55 @@ void step(const Opt& o, device_span<float> params, device_span<const Grad> grads
                                                       vectorised);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   });
+}
+
+//! cuda::step with the decision left in device memory: `decision` points at the
+//! optim::deferred_decision doubles (apply, step number, multiplier), which some earlier work on
+//! `stream` writes; the kernel does nothing when apply is 0. Nothing is read back and nothing
+//! allocated, so it can be captured into a CUDA graph; zero_optimizer::step_async decides so.
+//! The same checks as cuda::step (the step number's is made when the decision is written), the
+//! same results, but for the update's scalars, which the kernel computes with the device's pow
+//! (see optim::detail::visit_adam).
+//!
+//!   trident::cuda::step_deferred(opt, params, grads, {m, v}, decision_on_device, working, stream);
+template <optim::deferrable_optimizer Opt, class Grad, class Working = float>
+void step_deferred(const Opt& o, device_span<float> params, device_span<const Grad> grads,
+                   std::array<device_span<float>, Opt::state_count> state, const double* decision,
+                   device_span<Working> working_copy = {}, cudaStream_t stream = nullptr) {
+  static_assert(optim::detail::is_grad_type_v<Grad>, "cuda::step_deferred: gradients must be float, trident::fp16 or trident::bf16");
+  static_assert(optim::detail::is_grad_type_v<Working>,
+                "cuda::step_deferred: the working copy must be float, trident::fp16 or trident::bf16");
+  TRIDENT_EXPECT(decision != nullptr, "cuda::step_deferred: the decision pointer is null");
+  constexpr std::size_t S = Opt::state_count;
+  std::array<float*, S> pointers{};
+  std::array<std::size_t, S> sizes{};
+  for (std::size_t s = 0; s < S; ++s) {
+    pointers[s] = state[s].data();
+    sizes[s] = state[s].size();
+  }
+  // The hyperparameters and sizes as cuda::step checks them (step 1: the states an update uses do
+  // not depend on the step number).
+  o.visit_update(1, [&](const auto& u) {
+    using update = std::remove_cvref_t<decltype(u)>;
+    optim::detail::check_step("cuda::step_deferred", params.data(), params.size(), grads.data(), grads.size(), pointers, sizes,
+                              update::states, working_copy.data(), working_copy.size(), 1);
+    for (std::size_t s = update::states; s < S; ++s) pointers[s] = nullptr;
+  });
+  const std::size_t n = params.size();
+  if (n == 0) return;
+  auto state_at = [&](std::size_t i) -> float* { return i < S ? pointers[i] : nullptr; };
+  float* s0 = state_at(0);
+  float* s1 = state_at(1);
+  float* s2 = state_at(2);
+  Working* w = working_copy.empty() ? nullptr : working_copy.data();
+  const bool vectorised = detail::aligned(params.data(), 16) && detail::aligned(grads.data(), 4 * sizeof(Grad)) &&
+                          (s0 == nullptr || detail::aligned(s0, 16)) && (s1 == nullptr || detail::aligned(s1, 16)) &&
+                          (s2 == nullptr || detail::aligned(s2, 16)) && (w == nullptr || detail::aligned(w, 4 * sizeof(Working)));
+  constexpr int block = 256;
+  const std::size_t work = vectorised ? (n + 3) / 4 : n;
+  detail::deferred_step_kernel<Opt, Grad, Working>
+      <<<grid_for(work, block), block, 0, stream>>>(o.opt, decision, params.data(), grads.data(), s0, s1, s2, w, n, vectorised);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 
 //! The doubles of scratch gradient_stats_async needs for n gradients (of any gradient type):

@@ -32,6 +32,9 @@
 //   zero.step(): waits for the reductions, checks every rank's gradients for inf/NaN (a step
 //   with an overflow anywhere is skipped everywhere), clips to a global norm, runs the
 //   optimizer on this rank's shard, and all-gathers the new parameters (stages 1-2).
+//   zero.step_async() does the same with the decision and the step count kept in the
+//   optimizer's memory (no host wait: a CUDA graph can capture it); zero.last_step() reads
+//   what it did.
 //
 // Streams (CUDA): the optimizer's own work (copies, clears, statistics, updates), its
 // collectives and the reuse of its bucket buffers (pooled, never freed per step) are ordered on
@@ -141,6 +144,47 @@
 #include "trident/precision/mixed_precision.hpp"
 #include "trident/parallel/data/stage.hpp"
 
+namespace trident::detail {
+
+//! step_async()'s decision, where its reports are (host memory, or one device thread): the same
+//! sum in rank order, overflow check and clipping factor as step(), with the step skipped when a
+//! rank reports a misuse or the ranks' collective sequences differ. `state` holds
+//! optim::deferred_decision's fields (apply, step count, multiplier: the count moves only when
+//! the step is applied), then the norm, a sticky error flag, and a copy of the reports that
+//! raised it. A loss scale that never changes is assumed (step_async checks it).
+TRIDENT_HOST_DEVICE inline void decide_step(const double* reports, std::size_t ranks, std::size_t fields, float unscale,
+                                            float max_grad_norm, double* state) {
+  using dd = optim::deferred_decision;
+  constexpr std::size_t norm_at = dd::size, error_at = dd::size + 1, reports_at = dd::size + 2;
+  double norm_squared = 0;
+  bool overflow = false, misuse = false;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const double* report = reports + r * fields;
+    norm_squared += report[0];  // in rank order, as step()
+    overflow = overflow || report[1] != 0;
+    misuse = misuse || report[4] != 0 || report[2] != reports[2] || report[3] != reports[3];
+  }
+#if defined(__CUDA_ARCH__)
+  const double norm = ::sqrt(norm_squared);
+#else
+  const double norm = std::sqrt(norm_squared);
+#endif
+  state[norm_at] = norm;
+  if (misuse && state[error_at] == 0) {
+    state[error_at] = 1;
+    for (std::size_t i = 0; i < ranks * fields; ++i) state[reports_at + i] = reports[i];
+  }
+  const bool apply = !overflow && !misuse;
+  state[dd::apply] = apply ? 1.0 : 0.0;
+  if (!apply) return;
+  state[dd::step_number] += 1;
+  float multiplier = unscale;
+  if (max_grad_norm > 0) multiplier *= optim::detail::clip_coefficient(norm, max_grad_norm);
+  state[dd::multiplier] = multiplier;
+}
+
+}  // namespace trident::detail
+
 namespace trident::zero {
 
 //! Where the element-wise work of a step runs: the gradient statistics, the optimizer update and
@@ -159,6 +203,11 @@ struct engine;
 //   total_into   out[0] = the n slots summed in order, out[1] = 1 if that is not finite (sums
 //                of squares cannot cancel an inf), i.e. this rank's report;
 //   step, accumulate   the optimizer update of a piece; dst += src for reduced pieces;
+//   step_deferred      step() with apply, step number and multiplier read from `decision`
+//                      (optim::deferred_decision, in the space's memory): step_async's update;
+//   decide, store      detail::decide_step where the reports are; n (<= 4) doubles written
+//                      from values passed by value (no host copy: a graph can hold them);
+//   capturing          whether the communicator's stream is being captured into a CUDA graph;
 //   copy, fill_zero    within the space, or from the host into it (the source may be reused at
 //                return): bucket buffers are pooled, so these must be ordered with the rest.
 template <>
@@ -195,6 +244,27 @@ struct engine<host_space> {
   template <class Comm>
   static void fill_zero(Comm&, void* dst, std::size_t bytes) {
     if (bytes != 0) std::memset(dst, 0, bytes);
+  }
+  template <class Comm, class Opt, class H, std::size_t S>
+  static void step_deferred(Comm& comm, const Opt& opt, float* params, const H* grads, const std::array<float*, S>& states,
+                            std::size_t n, const double* decision, H* working) {
+    using dd = optim::deferred_decision;
+    if (decision[dd::apply] == 0) return;
+    step(comm, opt, params, grads, states, n, static_cast<std::int64_t>(decision[dd::step_number]),
+         static_cast<float>(decision[dd::multiplier]), working);
+  }
+  template <class Comm>
+  static void decide(Comm&, const double* reports, std::size_t ranks, std::size_t fields, float unscale, float max_grad_norm,
+                     double* state) {
+    detail::decide_step(reports, ranks, fields, unscale, max_grad_norm, state);
+  }
+  template <class Comm>
+  static void store(Comm&, double* dst, const std::array<double, 4>& values, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = values[i];
+  }
+  template <class Comm>
+  static bool capturing(Comm&) noexcept {
+    return false;
   }
 };
 
@@ -309,6 +379,8 @@ class zero_optimizer {
     std::size_t scratch = 0;
     for (const auto& r : stat_ranges_) scratch = std::max(scratch, engine<space>::stats_scratch(r.length));
     stats_scratch_ = buffer<double, space>(scratch, mem_category::communication);
+    deferred_state_ = zeroed<double>(deferred_reports + report_fields * static_cast<std::size_t>(dp.size()),
+                                     mem_category::communication);
     if (model_parallel_ != nullptr) {
       model_report_ = buffer<double, space>(4, mem_category::communication);
       check_model_parallel_group();
@@ -349,6 +421,7 @@ class zero_optimizer {
   const flat_layout& layout() const noexcept { return layout_; }
   const zero_options& options() const noexcept { return options_; }
   float loss_scale() const noexcept { return static_cast<float>(scaler_.scale()); }
+  //! Optimizer steps applied (after a step_async(): as of the last last_step()).
   std::int64_t steps_taken() const noexcept { return step_count_; }
 
   //! A tensor resolved once: parameters(h) and gradients(h) then index an array instead of
@@ -555,21 +628,14 @@ class zero_optimizer {
   //! rank's shard and all-gathers the result. Every layer must have been marked ready.
   step_result step() {
     const trace_span span("optimizer", "ZeRO step");
+    if (async_pending_) last_step();  // the step count is on the device until then
     check_hyperparameters(step_count_ + 1, "step");
     if (store_) {
       store_->verify();  // a damaged file is an error before anything changes
       // The first pieces come in while the reductions finish and the step decides.
       if (whole_.empty()) store_->begin_pass(pass_order_);
     }
-    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-      const auto& k = layout_.buckets()[b];
-      if (!launched_[b] && waiting_[b] != with_tensors_[b])
-        for (int l = k.first_layer; l <= k.last_layer; ++l)
-          TRIDENT_EXPECT(!layer_ready_[static_cast<std::size_t>(l)], "step: layer ", l, " was marked ready but other layers of its bucket (bucket ",
-                         b, ", layers ", k.first_layer, "..", k.last_layer, ") were not (call grad_ready for every layer)");
-      TRIDENT_EXPECT(synced_[b], "step: the gradients of layers ", k.first_layer, "..", k.last_layer, " were not reduced: every layer must be "
-                     "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
-    }
+    check_every_layer_ready("step");
     guarded("step", [&] { finish_reductions(); });
     check_gradients_untouched();
 
@@ -598,31 +664,19 @@ class zero_optimizer {
 
     if (applied) {
       ++step_count_;
+      device_count_stale_ = true;
       float multiplier = unscale;
       if (options_.max_grad_norm > 0) multiplier *= optim::clip_multiplier(norm, options_.max_grad_norm);
-      if constexpr (!policy::shards_optimizer_state) {
-        update(0, grads_.data(), 0, layout_.full_size(), multiplier, 0);
+      auto in_memory = [&](std::size_t param_at, const half_type* grads, std::size_t state_at, std::size_t n, std::size_t working_at) {
+        update(param_at, grads, state_at, n, multiplier, working_at);
+      };
+      if constexpr (policy::shards_optimizer_state) {
+        if (offloaded()) offloaded_update(multiplier);
+        else update_pieces(in_memory);
       } else {
-        if (offloaded()) {
-          offloaded_update(multiplier);
-        } else {
-          for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-            const auto& k = layout_.buckets()[b];
-            const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
-            update(has_master ? k.shard_begin : working_at, grad_piece(b), k.shard_begin, layout_.piece_size(b), multiplier,
-                   working_at);
-          }
-        }
-        if constexpr (!policy::shards_parameters) {
-          // Everyone's new parameters, bucket by bucket, in place.
-          for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
-            const auto& k = layout_.buckets()[b];
-            const std::size_t piece = layout_.piece_size(b);
-            space_span<half_type, space> whole(working_.data() + k.begin, k.size);
-            comm_->all_gather(space_span<const half_type, space>(working_.data() + layout_.piece_begin(b, rank_), piece), whole);
-          }
-        }
+        update_pieces(in_memory);
       }
+      gather_parameters();
       invalidate_gathered();
     } else if (store_) {
       store_->end_pass();  // skipped: the pieces read ahead go back unchanged
@@ -630,6 +684,105 @@ class zero_optimizer {
     zero_grad();
     last_gathered_.reset();  // each step's prefetching follows that step's order alone
     return {applied, norm, static_cast<float>(scaler_.scale())};
+  }
+
+  //! step() without its host wait, for a step that can be captured into a CUDA graph: the
+  //! overflow check, the clipping factor, the step count and the skip decision are computed in
+  //! the optimizer's memory space, on the communicator's stream, from the same all-gathered
+  //! reports, so that nothing is read back, allocated or waited for (on the thread backend and
+  //! MPI the work runs at once, as step()'s does). The result is step()'s, bit for bit on host
+  //! memory; on a device the optimizer's scalars are computed there (optim::detail::visit_adam).
+  //! last_step() waits for it and says what it did; step() and checkpoint_counters() need it
+  //! called first (step() calls it itself).
+  //!
+  //! Needs what decides on the host to be absent: a loss scale that does not change (full
+  //! precision, bf16, or a static_loss_scaler: a dynamic scaler's scale is what backward
+  //! multiplies by, on the host), no model-parallel group, no offload, no checked mode
+  //! (zero_options::check_usage reads fingerprints), and an optimizer whose update a kernel can
+  //! build (optim::deferrable_optimizer). A misuse found by the ranks' reports (gradients
+  //! written after grad_ready, bucket collectives in different orders) skips the step on every
+  //! rank and is thrown by the next last_step(), on every rank.
+  //!
+  //!   zero.finish();                                    // the reductions, outside the graph
+  //!   cudaStreamBeginCapture(comm.stream(), cudaStreamCaptureModeGlobal);
+  //!   zero.step_async();
+  //!   cudaStreamEndCapture(comm.stream(), &graph);      // fails if step_async waited or allocated
+  //!   ... cudaGraphLaunch(exec, comm.stream()); auto r = zero.last_step();
+  void step_async()
+    requires optim::deferrable_optimizer<Opt>
+  {
+    const trace_span span("optimizer", "ZeRO step (deferred)");
+    check_deferrable("step_async");
+    check_hyperparameters(step_count_ + 1, "step_async");
+    check_every_layer_ready("step_async");
+    guarded("step_async", [&] { finish_reductions(); });
+    check_gradients_untouched();
+
+    const float unscale = static_cast<float>(1.0 / scaler_.scale());
+    for (std::size_t i = 0; i < stat_ranges_.size(); ++i) {
+      const auto& r = stat_ranges_[i];
+      engine<space>::stats_into(*comm_, grad_piece(r.bucket) + r.offset, r.length, unscale, bucket_sums_.data() + i,
+                                stats_scratch_.data(), stats_scratch_.size());
+    }
+    engine<space>::total_into(*comm_, bucket_sums_.data(), bucket_sums_.size(), report_of_this_rank());
+    if (device_count_stale_) {  // step() or restore_counters() moved the count on the host
+      engine<space>::store(*comm_, deferred_state_.data() + optim::deferred_decision::step_number,
+                           {static_cast<double>(step_count_), 0.0, 0.0, 0.0}, 1);
+      device_count_stale_ = false;
+    }
+    // The rest of this rank's report, as kernel arguments rather than a copy from the host (a
+    // graph replays a kernel's arguments; a copy from pageable memory cannot be captured).
+    engine<space>::store(*comm_, report_of_this_rank() + 2, known_report_fields(), report_fields - 2);
+    guarded("step_async", [&] {
+      bucket_collective(no_bucket, false, false, [&] {
+        const std::size_t at = static_cast<std::size_t>(rank_) * report_fields;
+        comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
+      });
+    });
+    // What the reports carry is sent: the next step records anew.
+    collectives_ = 0;
+    digest_ = fnv_basis;
+    sequence_.clear();
+    problem_.reset();
+    engine<space>::decide(*comm_, reports_.data(), static_cast<std::size_t>(comm_->size()), report_fields, unscale,
+                          options_.max_grad_norm, deferred_state_.data());
+    await_holds();
+
+    const double* decision = deferred_state_.data();
+    update_pieces([&](std::size_t param_at, const half_type* grads, std::size_t state_at, std::size_t n, std::size_t working_at) {
+      std::array<float*, Opt::state_count> state;
+      for (std::size_t s = 0; s < Opt::state_count; ++s) state[s] = states_[s].data() + state_at;
+      half_type* working = nullptr;
+      if constexpr (has_master) working = working_.data() + working_at;
+      engine<space>::step_deferred(*comm_, opt_, master_or_working_buffer().data() + param_at, grads, state, n, decision,
+                                   working);
+    });
+    gather_parameters();  // a skipped step gathers the unchanged pieces
+    invalidate_gathered();
+    zero_grad();
+    last_gathered_.reset();
+    async_pending_ = true;
+  }
+
+  //! Waits for the last step_async() and says what it did (step()'s result); then the host's
+  //! step count is the device's again. Throws the misuse that made the ranks skip a deferred
+  //! step, on every rank, once. Without a pending step_async(): applied = true, the norm of the
+  //! last deferred step (0 before any). A captured step_async() is pending from its capture:
+  //! call last_step() after launching the graph, not before.
+  step_result last_step() {
+    comm_->synchronize();
+    const auto state = to_vector(deferred_state_);
+    using dd = optim::deferred_decision;
+    const bool was_pending = async_pending_;
+    // Only a pending step's count is news: after step() the host's is ahead of the device's.
+    if (was_pending) step_count_ = static_cast<std::int64_t>(state[dd::step_number]);
+    async_pending_ = false;
+    if (state[deferred_error] != 0) {
+      engine<space>::store(*comm_, deferred_state_.data() + deferred_error, {0.0, 0.0, 0.0, 0.0}, 1);
+      comm_->synchronize();
+      throw_deferred_misuse(std::vector<double>(state.begin() + deferred_reports, state.end()));
+    }
+    return {!was_pending || state[dd::apply] != 0, state[deferred_norm], static_cast<float>(scaler_.scale())};
   }
 
   // ---- checkpoints (checkpoint/zero.hpp) ------------------------------------------------------
@@ -680,6 +833,8 @@ class zero_optimizer {
   counters checkpoint_counters() const
     requires restorable_loss_scaler<scaler_type>
   {
+    TRIDENT_EXPECT(!async_pending_, "checkpoint_counters on rank ", rank_, ": a step_async() is pending and the step count is "
+                   "on the device; call last_step() first");
     return {step_count_, scaler_.state()};
   }
   //! Restores them (every rank alike), after a load has filled state_fields(); gradients are
@@ -688,9 +843,11 @@ class zero_optimizer {
     requires restorable_loss_scaler<scaler_type>
   {
     TRIDENT_EXPECT(c.steps >= 0, "restore_counters: a step count of ", c.steps, "; expected >= 0");
+    if (async_pending_) last_step();
     await_holds();
     scaler_.restore(c.scaler);
     step_count_ = c.steps;
+    device_count_stale_ = true;
     invalidate_gathered();
     zero_grad();
   }
@@ -747,6 +904,11 @@ class zero_optimizer {
 
   // What each rank contributes to step()'s all-gather.
   static constexpr std::size_t report_fields = 6;  // sum of squares, non-finite, collectives, digest, misuse, bucket
+  // step_async()'s state in the optimizer's memory space: optim::deferred_decision's fields
+  // (apply, step count, multiplier), the norm, a sticky misuse flag and the reports that raised it.
+  static constexpr std::size_t deferred_norm = optim::deferred_decision::size;
+  static constexpr std::size_t deferred_error = deferred_norm + 1;
+  static constexpr std::size_t deferred_reports = deferred_error + 1;
   // Bucket collectives remembered one by one to name the first disagreement (the digest covers all).
   static constexpr std::size_t recorded_collectives = 1024;
   static constexpr std::uint64_t fnv_basis = 1469598103934665603ull;
@@ -997,6 +1159,104 @@ class zero_optimizer {
   half_type* grad_piece(std::size_t b) {
     if constexpr (!policy::shards_gradients) return grads_.data() + layout_.piece_begin(b, rank_);
     else return grads_.data() + layout_.buckets()[b].shard_begin;
+  }
+
+  // The optimizer's update over what this rank owns, in buckets' order: the whole model (stage
+  // 0) or each bucket's piece. f(param_at, grads, state_at, n, working_at) as update() takes them.
+  template <class F>
+  void update_pieces(F&& f) {
+    if constexpr (!policy::shards_optimizer_state) {
+      f(0, grads_.data(), 0, layout_.full_size(), 0);
+    } else {
+      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+        const auto& k = layout_.buckets()[b];
+        const std::size_t working_at = !policy::shards_parameters ? layout_.piece_begin(b, rank_) : k.shard_begin;
+        f(has_master ? k.shard_begin : working_at, grad_piece(b), k.shard_begin, layout_.piece_size(b), working_at);
+      }
+    }
+  }
+
+  // Stages 1-2: everyone's new parameters, bucket by bucket, in place.
+  void gather_parameters() {
+    if constexpr (policy::shards_optimizer_state && !policy::shards_parameters) {
+      for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+        const auto& k = layout_.buckets()[b];
+        const std::size_t piece = layout_.piece_size(b);
+        space_span<half_type, space> whole(working_.data() + k.begin, k.size);
+        comm_->all_gather(space_span<const half_type, space>(working_.data() + layout_.piece_begin(b, rank_), piece), whole);
+      }
+    }
+  }
+
+  void check_every_layer_ready(const char* call) const {
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const auto& k = layout_.buckets()[b];
+      if (!launched_[b] && waiting_[b] != with_tensors_[b])
+        for (int l = k.first_layer; l <= k.last_layer; ++l)
+          TRIDENT_EXPECT(!layer_ready_[static_cast<std::size_t>(l)], call, ": layer ", l, " was marked ready but other layers of its bucket (bucket ",
+                         b, ", layers ", k.first_layer, "..", k.last_layer, ") were not (call grad_ready for every layer)");
+      TRIDENT_EXPECT(synced_[b], call, ": the gradients of layers ", k.first_layer, "..", k.last_layer, " were not reduced: every layer must be "
+                     "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
+    }
+  }
+
+  // What step_async() cannot do without deciding on the host, named.
+  void check_deferrable(const char* call) const {
+    auto refuse = [&](const char* what) {
+      throw usage_error(detail::concat(call, " on rank ", rank_, ": ", what, "; use step(), which decides on the host"));
+    };
+    if constexpr (!std::is_same_v<scaler_type, static_loss_scaler>)
+      refuse("the loss scaler changes its scale (a dynamic scaler: backward multiplies by scale(), read on the host)");
+    if (model_parallel_ != nullptr) refuse("a model-parallel group agrees on the overflow and the norm on the host");
+    if (store_ || offloaded()) refuse("an offloaded optimizer streams its states through the host");
+    if (options_.check_usage) refuse("checked mode (zero_options::check_usage) compares fingerprints on the host");
+    if (reducer_) refuse("a gradient reducer (reduce_gradients_with) counts its steps on the host");
+    // While the stream is captured, waiting for a reduction or gather in flight (an event query)
+    // or reading a bucket back would break the capture with an unhelpful CUDA error: say it here.
+    if (engine<space>::capturing(*comm_)) {
+      bool in_flight = !pending_reduce_.empty();
+      for (const auto& g : pending_gather_) in_flight = in_flight || g.has_value();
+      if (in_flight)
+        throw usage_error(detail::concat(call, " on rank ", rank_, ": the stream is being captured with reductions or "
+                                         "gathers still in flight, which the step would wait for; call finish() before "
+                                         "beginning the capture"));
+      for (std::size_t b = 0; b < bucket_live_.size(); ++b)
+        if (bucket_live_[b])
+          throw usage_error(detail::concat(call, " on rank ", rank_, ": the stream is being captured and ", describe_bucket(b),
+                                           " began a micro-batch (gradients()) that was never reduced (grad_ready)"));
+    }
+  }
+
+  // The report's fields after the sum of squares and the overflow flag.
+  std::array<double, 4> known_report_fields() const {
+    // Integers below 2^53 travel exactly in doubles.
+    return {static_cast<double>(collectives_), static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1)),
+            static_cast<double>(problem_ ? static_cast<int>(problem_->kind) : 0),
+            static_cast<double>(problem_ ? problem_->bucket : 0)};
+  }
+
+  // A deferred step skipped for a misuse (the reports kept by decide_step): the message step()
+  // would have given, without its exchange of the recorded sequences (gone by now).
+  [[noreturn]] void throw_deferred_misuse(const std::vector<double>& reports) const {
+    const std::size_t n = static_cast<std::size_t>(comm_->size());
+    auto field = [&](std::size_t r, std::size_t f) { return reports[r * report_fields + f]; };
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto kind = static_cast<misuse>(static_cast<int>(field(r, 4)));
+      if (kind == misuse::none) continue;
+      throw usage_error(detail::concat(
+          "last_step: a step_async() was skipped on every rank because on rank ", r, ", gradients of ",
+          describe_bucket(static_cast<std::size_t>(field(r, 5))),
+          kind == misuse::written_after_ready ? " were written after grad_ready() marked its layers ready"
+                                              : " were written after the bucket's last reduction and never reduced",
+          ". Nothing was applied"));
+    }
+    for (std::size_t r = 1; r < n; ++r)
+      if (field(r, 2) != field(0, 2) || field(r, 3) != field(0, 3))
+        throw usage_error(detail::concat(
+            "last_step: a step_async() was skipped on every rank because the ranks issued their bucket collectives in "
+            "different orders (rank 0: ", field(0, 2), " collectives, digest ", field(0, 3), "; rank ", r, ": ", field(r, 2),
+            ", digest ", field(r, 3), "), so data of one bucket went into another. Nothing was applied"));
+    throw usage_error("last_step: a step_async() was skipped on every rank for a misuse its reports no longer show");
   }
 
   // One optimizer update of n elements: parameters at `param_at` of the master (or working)
@@ -1332,12 +1592,8 @@ class zero_optimizer {
       const double clean[2] = {0.0, 0.0};
       upload(reports_, at, clean, 2);
     }
-    // Integers below 2^53 travel exactly in doubles.
-    const double known[report_fields - 2] = {static_cast<double>(collectives_),
-                                             static_cast<double>(digest_ & ((std::uint64_t{1} << 52) - 1)),
-                                             static_cast<double>(problem_ ? static_cast<int>(problem_->kind) : 0),
-                                             static_cast<double>(problem_ ? problem_->bucket : 0)};
-    upload(reports_, at + 2, known, report_fields - 2);
+    const auto known = known_report_fields();
+    upload(reports_, at + 2, known.data(), report_fields - 2);
     bucket_collective(no_bucket, false, false, [&] {
       comm_->all_gather(space_span<const double, space>(reports_.data() + at, report_fields), reports_);
       comm_->synchronize();
@@ -1704,6 +1960,9 @@ class zero_optimizer {
   buffer<double, space> bucket_sums_;                    // step(): each counted range's sum of squares
   buffer<double, space> model_report_;                   // step(): norm, overflow, misuse over the model group
   buffer<double, space> stats_scratch_;                  // step(): the engine's scratch for them
+  buffer<double, space> deferred_state_;                 // step_async(): see deferred_* and detail::decide_step
+  bool async_pending_ = false;                           // a step_async() not yet read by last_step()
+  bool device_count_stale_ = false;                      // step_count_ moved on the host since the device's
 };
 
 }  // namespace trident::zero

@@ -42,6 +42,20 @@ __global__ void total_kernel(const double* __restrict__ sums, std::size_t n, dou
   out[1] = isfinite(total) ? 0.0 : 1.0;
 }
 
+// step_async's decision: one thread, the host's code (detail::decide_step).
+template <class = void>
+__global__ void decide_kernel(const double* __restrict__ reports, std::size_t ranks, std::size_t fields, float unscale,
+                              float max_grad_norm, double* __restrict__ state) {
+  trident::detail::decide_step(reports, ranks, fields, unscale, max_grad_norm, state);
+}
+
+// Up to four doubles from kernel arguments: what a graph can replay, unlike a copy from the host.
+template <class = void>
+__global__ void store_kernel(double* dst, double a, double b, double c, double d, std::size_t n) {
+  const double v[4] = {a, b, c, d};
+  for (std::size_t i = 0; i < n; ++i) dst[i] = v[i];
+}
+
 template <class Comm>
 cudaStream_t stream_of(Comm& comm) {
   if constexpr (requires { comm.stream(); }) return comm.stream();
@@ -79,6 +93,32 @@ struct engine<cuda_space> {
   static void total_into(Comm& comm, const double* sums, std::size_t n, double* out) {
     engine_detail::total_kernel<><<<1, 1, 0, engine_detail::stream_of(comm)>>>(sums, n, out);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  template <class Comm, class Opt, class H, std::size_t S>
+  static void step_deferred(Comm& comm, const Opt& opt, float* params, const H* grads, const std::array<float*, S>& states,
+                            std::size_t n, const double* decision, H* working) {
+    std::array<device_span<float>, S> state;
+    for (std::size_t s = 0; s < S; ++s) state[s] = {states[s], n};
+    cuda::step_deferred(opt, device_span<float>(params, n), device_span<const H>(grads, n), state, decision,
+                        working ? device_span<H>(working, n) : device_span<H>(), engine_detail::stream_of(comm));
+  }
+  template <class Comm>
+  static void decide(Comm& comm, const double* reports, std::size_t ranks, std::size_t fields, float unscale,
+                     float max_grad_norm, double* state) {
+    engine_detail::decide_kernel<><<<1, 1, 0, engine_detail::stream_of(comm)>>>(reports, ranks, fields, unscale, max_grad_norm,
+                                                                                state);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  template <class Comm>
+  static void store(Comm& comm, double* dst, const std::array<double, 4>& v, std::size_t n) {
+    engine_detail::store_kernel<><<<1, 1, 0, engine_detail::stream_of(comm)>>>(dst, v[0], v[1], v[2], v[3], n);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+  template <class Comm>
+  static bool capturing(Comm& comm) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TRIDENT_CUDA_CHECK(cudaStreamIsCapturing(engine_detail::stream_of(comm), &status));
+    return status != cudaStreamCaptureStatusNone;
   }
   // On the communicator's stream, never the legacy one (which a non-blocking stream does not wait
   // for). From pageable host memory CUDA stages the bytes before returning, so the source may go.
