@@ -71,7 +71,7 @@ arch=${arch:-90}
 # TRIDENT_GPU_CHECK_ALL=1 builds every target.
 gpu_targets() {
   ctest --test-dir "$build" -N -L 'gpu|cuda|nccl' | sed -n 's/^ *Test *#[0-9]*: *//p' | sed 's/^/test_/; s/\./_/g'
-  echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp \
+  echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie zero_step_cuda bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp \
     tensor_block_cuda gpt_cuda flagship
 }
 if [[ ${TRIDENT_GPU_CHECK_PREBUILT:-0} == 1 ]]; then
@@ -103,6 +103,12 @@ for ranks in 4; do
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_nccl"
   [[ -x $build/tests/test_zero_misuse_nccl ]] && step "zero.misuse_nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_misuse_nccl"
+  # issue 10: step_async captured into a CUDA graph (stages 0-3) and equal to step()
+  [[ -x $build/tests/test_zero_graph_nccl ]] && step "zero.graph_nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_zero_graph_nccl"
+  # issue 16: the cast and 1-bit reducers on device buffers, against the host's reducers
+  [[ -x $build/tests/test_compress_nccl ]] && step "compress.nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_compress_nccl"
   # issue 14: a device optimizer's state offloaded to host memory and NVMe files, bitwise
   [[ -x $build/tests/test_offload_nccl ]] && step "offload.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_offload_nccl"
@@ -129,6 +135,8 @@ kjv=$build/data/kjv
   "$build/bench/bench_adamw_cuda"
 [[ -x $build/bench/offload_pcie ]] && step "bench offload: step vs max(update, PCIe)" "grep -E 'x max'" -- \
   "$build/bench/offload_pcie"
+[[ -x $build/bench/zero_step_cuda ]] && step "bench ZeRO step() vs step_async()" "grep -E 'step_async / step'" -- \
+  "$build/bench/zero_step_cuda"
 [[ -x $build/bench/bench_grad_stats_cuda ]] && step "bench grad stats: trident vs CUB" "grep -E 'trident / cub'" -- \
   "$build/bench/bench_grad_stats_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

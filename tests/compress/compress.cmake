@@ -10,3 +10,11 @@ if(TARGET trident::mpi AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
                    LABELS compress mpi TIMEOUT 600)
   target_include_directories(test_compress_mpi PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
 endif()
+if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi)
+  # The cast reducer on device buffers, alone and through zero_optimizer, on 2 NCCL ranks sharing
+  # GPU 0; skips (77) without a device.
+  trident_add_test(compress.nccl SOURCES compress/test_compress_nccl.cu LIBRARIES trident::nccl trident::mpi Threads::Threads
+                   MPI_RANKS 2 LABELS compress nccl gpu mpi TIMEOUT 600)
+  target_include_directories(test_compress_nccl PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+  set_property(TEST compress.nccl APPEND PROPERTY ENVIRONMENT NCCL_SOCKET_IFNAME=lo)
+endif()

@@ -24,6 +24,9 @@
 // gradients instead sees their noise in its second moment, and error feedback then hurts
 // (bench/RESULTS.md, "Less communication").
 //
+// On device memory (nccl_comm) include <trident/compress/cuda/onebit.cuh> (nvcc): the same
+// algorithm in kernels, bit for bit this one (the RMS scales sum in detail::rms's fixed order).
+//
 //   trident::compress::onebit_options o;
 //   o.warmup = 50;
 //   zero.reduce_gradients_with(std::make_shared<trident::compress::onebit>(o));
@@ -31,6 +34,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <ranges>
 #include <span>
 #include <vector>
@@ -62,13 +66,47 @@ inline void pack_signs(const float* x, std::size_t n, std::uint8_t* out) noexcep
 inline float sign_at(const std::uint8_t* packed, std::size_t i) noexcept {
   return (packed[i / 8] >> (7 - i % 8) & 1) != 0 ? 1.0f : -1.0f;
 }
-inline float rms(const float* x, std::size_t n) noexcept {
-  double s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return n == 0 ? 0.0f : static_cast<float>(std::sqrt(s) / std::sqrt(static_cast<double>(n)));
+//! The order rms() sums its squares in, which the device's two kernels (compress/cuda/onebit.cuh)
+//! follow, so that host and device scales, and so every sign and error, are the same bits: lane
+//! l of rms_lanes sums x[l], x[l + rms_lanes], ... in order (in double); the lanes of each block of
+//! rms_block are added by a halving tree (lane t + half into lane t), then the blocks' sums by
+//! another.
+inline constexpr std::size_t rms_block = 256;
+inline constexpr std::size_t rms_blocks = 64;
+inline constexpr std::size_t rms_lanes = rms_block * rms_blocks;
+
+//! A halving tree over n (a power of two) doubles, in place: v[0] ends as the sum.
+inline void halving_tree(double* v, std::size_t n) noexcept {
+  for (std::size_t half = n / 2; half > 0; half /= 2)
+    for (std::size_t t = 0; t < half; ++t) v[t] += v[t + half];
+}
+
+//! sqrt(sum of x^2 / n) in the order above (0 for no elements), rounded to float once.
+inline float rms_of_sum(double sum_squares, std::size_t n) noexcept {
+  return n == 0 ? 0.0f : static_cast<float>(std::sqrt(sum_squares) / std::sqrt(static_cast<double>(n)));
+}
+inline float rms(const float* x, std::size_t n) {
+  std::vector<double> lanes(rms_lanes, 0.0);
+  for (std::size_t l = 0; l < rms_lanes && l < n; ++l) {
+    double s = 0;
+    for (std::size_t i = l; i < n; i += rms_lanes) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    lanes[l] = s;
+  }
+  std::vector<double> blocks(rms_blocks);
+  for (std::size_t b = 0; b < rms_blocks; ++b) {
+    halving_tree(lanes.data() + b * rms_block, rms_block);
+    blocks[b] = lanes[b * rms_block];
+  }
+  halving_tree(blocks.data(), rms_blocks);
+  return rms_of_sum(blocks[0], n);
 }
 
 }  // namespace detail
+
+//! Where onebit's compressed path runs for a memory space the host cannot read: specialised in
+//! compress/cuda/onebit.cuh for cuda_space (the same arithmetic, the same bits, in kernels).
+template <memory_space Space>
+struct onebit_engine;
 
 class onebit {
  public:
@@ -81,7 +119,10 @@ class onebit {
 
   template <class Comm, class T>
   void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
-    static_assert(Comm::space::host_accessible, "trident::compress::onebit works on host memory (thread ranks, MPI)");
+    using space = typename Comm::space;
+    if constexpr (!space::host_accessible)
+      static_assert(requires { sizeof(onebit_engine<space>); },
+                    "trident::compress::onebit on device memory: include <trident/compress/cuda/onebit.cuh> (compiled by nvcc)");
     bucket& s = state(b.index);
     const bool momentum = o_.momentum > 0.0f;
     TRIDENT_EXPECT(!momentum || b.op == reduce_op::avg, "compress::onebit: 1-bit Adam's momentum is an average; the optimizer "
@@ -90,8 +131,23 @@ class onebit {
                    b.step, "; 1-bit Adam's momentum advances once per step (ZeRO stages 2-3 reduce every micro-batch: use stage "
                    "0 or 1 with gradient accumulation)");
     s.last_step = b.step;
-    if ((b.step > 0 ? b.step - 1 : s.iter) < o_.warmup) {  // steps before this one (or calls)
-      ++s.iter;
+    const bool warming = (b.step > 0 ? b.step - 1 : s.iter) < o_.warmup;  // steps before this one (or calls)
+    ++s.iter;
+    if constexpr (!space::host_accessible) onebit_engine<space>::all_reduce(comm, b, o_, warming, s.device);
+    else host_all_reduce(comm, b, s, warming);
+  }
+
+ private:
+  struct bucket {
+    std::int64_t iter = 0, last_step = 0;
+    std::vector<float> worker, server, m;
+    std::shared_ptr<void> device;  // on a device: the engine's buffers (errors, momentum, scratch)
+  };
+
+  template <class Comm, class T>
+  void host_all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b, bucket& s, bool warming) {
+    const bool momentum = o_.momentum > 0.0f;
+    if (warming) {
       space_span<T, typename Comm::space> data = b.data;
       comm.all_reduce(data, b.op);
       if (momentum) {  // the optimizer's first moment, followed to hand over at the freeze
@@ -101,7 +157,6 @@ class onebit {
       }
       return;
     }
-    ++s.iter;
     const std::vector<float> all = detail::floats_of(b);
     std::vector<float> x = all;
     if (momentum) {
@@ -124,11 +179,6 @@ class onebit {
     detail::store(b, out);
   }
 
- private:
-  struct bucket {
-    std::int64_t iter = 0, last_step = 0;
-    std::vector<float> worker, server, m;
-  };
   bucket& state(std::size_t index) {
     if (index >= buckets_.size()) buckets_.resize(index + 1);
     return buckets_[index];
