@@ -19,11 +19,22 @@
 // cross-entropy does, instead of an exception. Sizes are checked on the host, as there.
 //
 // Deterministic: row statistics over a fixed tree in double, the loss's mean over a fixed tree,
-// the table's gradient summed over positions in order (one thread per column); no atomics.
+// the table's gradient summed over positions in order; no atomics. For that gradient the
+// positions are sorted by token (CUB's radix sort, which is stable, so each token's positions
+// stay in order), cut into runs of one token (CUB's run-length encoding), and each (token,
+// column) adds its run in order: the host's order and rounding, with a thread per element of
+// the rows the batch touches instead of one per column walking every position. The sort's
+// buffers are made at the first backward() (mem_category::other) and kept.
 #if !defined(__CUDACC__)
 #error "trident/parallel/tensor/cuda/vocab.cuh contains CUDA kernels: compile this translation unit with nvcc"
 #endif
 
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -60,18 +71,39 @@ __global__ void embedding_lookup_kernel(device_span<const std::int32_t> tokens, 
   }
 }
 
-// dtable[t - begin, j] += dout[i, j] for the positions i whose token t this rank holds, in
-// position order: one thread per column j (the host's order and rounding).
+// The sort's keys: a token's row in this rank's table, or `rows` (sorted last, never added)
+// when another rank holds it or it is outside the vocabulary; the values are the positions.
 template <class = void>  // a template so that several translation units may include this header
-__global__ void embedding_grad_kernel(device_span<const std::int32_t> tokens, device_span<const float> dout,
-                                      device_span<float> dtable, std::size_t hidden, std::size_t begin, std::size_t end) {
-  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < hidden; j += std::size_t{gridDim.x} * blockDim.x)
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      const std::int32_t t = tokens[i];
-      if (t < 0 || static_cast<std::size_t>(t) < begin || static_cast<std::size_t>(t) >= end) continue;
-      float* dst = dtable.data() + (static_cast<std::size_t>(t) - begin) * hidden + j;
-      *dst = __fadd_rn(*dst, dout[i * hidden + j]);
-    }
+__global__ void embedding_keys_kernel(device_span<const std::int32_t> tokens, std::size_t begin, std::size_t end,
+                                      std::uint32_t* __restrict__ keys, std::uint32_t* __restrict__ positions) {
+  const std::size_t rows = end - begin;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < tokens.size(); i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::int32_t t = tokens[i];
+    const bool mine = t >= 0 && static_cast<std::size_t>(t) >= begin && static_cast<std::size_t>(t) < end;
+    keys[i] = static_cast<std::uint32_t>(mine ? static_cast<std::size_t>(t) - begin : rows);
+    positions[i] = static_cast<std::uint32_t>(i);
+  }
+}
+
+// dtable[row, j] += dout[i, j] over the run of positions i of each row this rank holds, in
+// position order (the sort kept it): the host's order and rounding. Element e = (run, column).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void embedding_grad_kernel(const std::uint32_t* __restrict__ rows_of_runs, const std::uint32_t* __restrict__ starts,
+                                      const std::uint32_t* __restrict__ lengths, const std::uint32_t* __restrict__ runs,
+                                      const std::uint32_t* __restrict__ positions, device_span<const float> dout,
+                                      device_span<float> dtable, std::size_t hidden, std::size_t rows, std::size_t tokens) {
+  const std::size_t total = tokens * hidden, used = static_cast<std::size_t>(*runs) * hidden;
+  for (std::size_t e = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; e < total && e < used;
+       e += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t r = e / hidden, j = e % hidden;
+    const std::size_t row = rows_of_runs[r];
+    if (row >= rows) continue;  // the run of tokens this rank does not hold
+    float* dst = dtable.data() + row * hidden + j;
+    float acc = *dst;
+    const std::size_t first = starts[r], count = lengths[r];
+    for (std::size_t k = first; k < first + count; ++k) acc = __fadd_rn(acc, dout[std::size_t{positions[k]} * hidden + j]);
+    *dst = acc;
+  }
 }
 
 // Each row's maximum over this rank's columns (one block per row).
@@ -182,8 +214,30 @@ class vocab_parallel_embedding {
     check(".backward", tokens.size(), dtable.size(), dout.size(), "dout");
     if (tokens.empty() || shape_.hidden() == 0) return;
     const auto range = shape_.vocab_range();
-    detail::embedding_grad_kernel<><<<nn::cuda::detail::grid_for(shape_.hidden()), nn::cuda::detail::block_size, 0,
-                                      ctx.stream()>>>(tokens, dout, dtable, shape_.hidden(), range.begin, range.end);
+    const std::size_t n = tokens.size(), rows = range.end - range.begin;
+    TRIDENT_EXPECT(n < (std::size_t{1} << 31) && rows < (std::size_t{1} << 31), shape_.name(), ".backward: ", n, " tokens and ",
+                   rows, " rows; expected fewer than 2^31 of each (CUB's item count)");
+    sort_.reserve(n, rows);
+    const cudaStream_t stream = ctx.stream();
+    detail::embedding_keys_kernel<><<<nn::cuda::detail::grid_for(n), nn::cuda::detail::block_size, 0, stream>>>(
+        tokens, range.begin, range.end, sort_.keys.data(), sort_.positions.data());
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+    const int key_bits = sort_.key_bits;
+    const int items = static_cast<int>(n);
+    std::size_t temp = sort_.temp.size();
+    TRIDENT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_.temp.data(), temp, sort_.keys.data(), sort_.sorted_keys.data(),
+                                                       sort_.positions.data(), sort_.sorted_positions.data(), items, 0, key_bits,
+                                                       stream));
+    temp = sort_.temp.size();
+    TRIDENT_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(sort_.temp.data(), temp, sort_.sorted_keys.data(), sort_.keys.data(),
+                                                          sort_.lengths.data(), sort_.runs.data(), items, stream));
+    temp = sort_.temp.size();
+    TRIDENT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(sort_.temp.data(), temp, sort_.lengths.data(), sort_.starts.data(), items,
+                                                     stream));
+    // sort_.keys now holds each run's row.
+    detail::embedding_grad_kernel<><<<nn::cuda::detail::grid_for(n * shape_.hidden()), nn::cuda::detail::block_size, 0, stream>>>(
+        sort_.keys.data(), sort_.starts.data(), sort_.lengths.data(), sort_.runs.data(), sort_.sorted_positions.data(), dout, dtable,
+        shape_.hidden(), rows, n);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -197,7 +251,41 @@ class vocab_parallel_embedding {
                    "] = ", tokens * hidden);
   }
 
+  // backward()'s sort of positions by token: buffers for `tokens` positions and CUB's scratch,
+  // grown (never per call at one size) and kept.
+  struct sort_buffers {
+    std::size_t tokens = 0;
+    int key_bits = 1;
+    buffer<std::uint32_t, cuda_space> keys, sorted_keys, positions, sorted_positions, lengths, starts, runs;
+    buffer<std::uint8_t, cuda_space> temp;
+
+    void reserve(std::size_t n, std::size_t rows) {
+      // Keys run from 0 to `rows` (the sentinel): the sort looks at that many bits only.
+      key_bits = std::max(1, static_cast<int>(std::bit_width(static_cast<std::uint64_t>(rows))));
+      if (n <= tokens) return;
+      auto make = [&](buffer<std::uint32_t, cuda_space>& b, std::size_t count) { b = buffer<std::uint32_t, cuda_space>(count, mem_category::other); };
+      make(keys, n);
+      make(sorted_keys, n);
+      make(positions, n);
+      make(sorted_positions, n);
+      make(lengths, n);
+      make(starts, n);
+      make(runs, 1);
+      // CUB's scratch for the largest of its three calls (a host-side query: nothing runs).
+      const int items = static_cast<int>(n);
+      std::size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
+      TRIDENT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys.data(), sorted_keys.data(), positions.data(),
+                                                         sorted_positions.data(), items, 0, 32));
+      TRIDENT_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes, sorted_keys.data(), keys.data(), lengths.data(),
+                                                            runs.data(), items));
+      TRIDENT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, lengths.data(), starts.data(), items));
+      temp = buffer<std::uint8_t, cuda_space>(std::max({sort_bytes, encode_bytes, scan_bytes, std::size_t{1}}), mem_category::other);
+      tokens = n;
+    }
+  };
+
   tensor::vocab_parallel_embedding shape_;
+  mutable sort_buffers sort_;
 };
 
 //! tensor::vocab_parallel_cross_entropy on the GPU (see the header comment). forward() keeps
