@@ -109,6 +109,8 @@ for ranks in 4; do
   # issue 16: the cast and 1-bit reducers on device buffers, against the host's reducers
   [[ -x $build/tests/test_compress_nccl ]] && step "compress.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_compress_nccl"
+  [[ -x $build/tests/test_local_sgd_diloco_nccl ]] && step "local_sgd.diloco_nccl -np $ranks" \
+    "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_local_sgd_diloco_nccl"
   # issue 14: a device optimizer's state offloaded to host memory and NVMe files, bitwise
   [[ -x $build/tests/test_offload_nccl ]] && step "offload.nccl -np $ranks" \
     "grep -E 'test cases' | tail -1" -- mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/tests/test_offload_nccl"

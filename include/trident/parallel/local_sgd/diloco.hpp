@@ -34,24 +34,66 @@
 // different workers make up `across`. The workers start from rank 0's values (broadcast at
 // construction, unless options say they already agree).
 //
+// In any memory space: on a device (nccl_comm) the copies, the pseudo-gradient, the outer step
+// (cuda::step, the host's arithmetic) and the mixing run on the communicator's stream through
+// local_sgd::engine<cuda_space>: include <trident/parallel/local_sgd/cuda/diloco.cuh> (nvcc).
+//
 //   trident::local_sgd::diloco<trident::local_comm> outer(across, {params}, {.inner_steps = 100});
 //   for (int t = 0; t < steps; ++t) {
 //     train_step(inner);         // forward, backward, the inner optimizer's step
 //     outer.step();              // every 100 steps: the outer step across workers
 //   }
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/space_span.hpp"
 #include "trident/optim/optimizers.hpp"
 
 namespace trident::local_sgd {
+
+//! The element-wise work of diloco in a memory space, ordered with the communicator's work:
+//!   copy(comm, dst, src, n), fill_zero(comm, dst, n)
+//!   pseudo_gradient(comm, delta, global, n)     delta[i] = global[i] - delta[i] (delta held local)
+//!   outer_step(comm, sgd, params, grads, momentum, n, t)   the outer optimizer's step t
+//!   mix(comm, local, global, alpha, n)          local = alpha local + (1 - alpha) global
+//! The host's is below, the CUDA one in parallel/local_sgd/cuda/diloco.cuh (nvcc).
+template <memory_space Space>
+struct engine;
+
+template <>
+struct engine<host_space> {
+  template <class Comm>
+  static void copy(Comm&, float* dst, const float* src, std::size_t n) {
+    std::copy(src, src + n, dst);
+  }
+  template <class Comm>
+  static void fill_zero(Comm&, float* dst, std::size_t n) {
+    std::fill(dst, dst + n, 0.0f);
+  }
+  template <class Comm>
+  static void pseudo_gradient(Comm&, float* delta, const float* global, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) delta[i] = global[i] - delta[i];
+  }
+  template <class Comm>
+  static void outer_step(Comm&, const optim::sgd& o, float* params, const float* grads, float* momentum, std::size_t n,
+                         std::int64_t t) {
+    o.step(std::span<float>(params, n), std::span<const float>(grads, n), {std::span<float>(momentum, n)}, t);
+  }
+  template <class Comm>
+  static void mix(Comm&, float* local, const float* global, float alpha, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) local[i] = alpha * local[i] + (1.0f - alpha) * global[i];
+  }
+};
 
 struct diloco_options {
   int inner_steps = 100;  // H
@@ -64,19 +106,34 @@ struct diloco_options {
 };
 
 template <communicator Comm>
-  requires Comm::space::host_accessible
 class diloco {
+  using space = typename Comm::space;
+  static_assert(requires { sizeof(engine<space>); },
+                "local_sgd::diloco on device memory: include <trident/parallel/local_sgd/cuda/diloco.cuh> (compiled by nvcc)");
+
  public:
-  diloco(Comm& across, std::vector<std::span<float>> params, diloco_options o = {}) : diloco(across, nullptr, std::move(params), o) {}
+  using span_type = space_span<float, space>;
+
+  //! The parameters: std::span<float>s for a host communicator, space_spans of its space for
+  //! a device one (what parameters_of() gives either way).
+  using params_type = std::vector<std::conditional_t<space::host_accessible, std::span<float>, span_type>>;
+
+  diloco(Comm& across, params_type params, diloco_options o = {}) : diloco(across, nullptr, spans_of(params), o) {}
   //! A worker of several ranks that hold the same parameters (a data-parallel group: `inside`):
   //! each sends only its 1/k of every fragment across and the k share the outer results by an
   //! all-gather inside the worker, so the slow link carries the model once per worker, not k
   //! times. `across`: the ranks of the same `inside` rank in the other workers.
-  diloco(Comm& across, Comm& inside, std::vector<std::span<float>> params, diloco_options o = {})
-      : diloco(across, &inside, std::move(params), o) {}
+  diloco(Comm& across, Comm& inside, params_type params, diloco_options o = {})
+      : diloco(across, &inside, spans_of(params), o) {}
 
  private:
-  diloco(Comm& across, Comm* inside, std::vector<std::span<float>> params, diloco_options o)
+  static std::vector<span_type> spans_of(const params_type& params) {
+    std::vector<span_type> out;
+    for (auto s : params) out.emplace_back(s.data(), s.size());
+    return out;
+  }
+
+  diloco(Comm& across, Comm* inside, std::vector<span_type> params, diloco_options o)
       : across_(&across), inside_(inside), params_(std::move(params)), o_(o) {
     TRIDENT_EXPECT(o_.inner_steps >= 1, "local_sgd::diloco: inner_steps (H) is ", o_.inner_steps, "; expected >= 1");
     TRIDENT_EXPECT(o_.fragments >= 1 && o_.fragments <= o_.inner_steps, "local_sgd::diloco: ", o_.fragments,
@@ -88,13 +145,14 @@ class diloco {
     for (auto s : params_) n += s.size();
     TRIDENT_EXPECT(n >= static_cast<std::size_t>(o_.fragments), "local_sgd::diloco: ", n, " parameters do not split into ",
                    o_.fragments, " fragments");
-    global_.resize(n);
+    global_ = buffer<float, space>(n, mem_category::optimizer_state);
     gather(0, n, global_.data());
     if (o_.broadcast_initial) {
       across_->broadcast(global_, 0);
       scatter(0, n, global_.data());
     }
-    momentum_.assign(n, 0.0f);
+    momentum_ = buffer<float, space>(n, mem_category::optimizer_state);
+    engine<space>::fill_zero(*across_, momentum_.data(), n);
     outer_steps_.assign(static_cast<std::size_t>(o_.fragments), 0);
   }
 
@@ -112,17 +170,19 @@ class diloco {
 
   //! After each inner step (on every rank of every worker): starts the all-reduce of the
   //! fragments due now and applies those due `overlap` steps after theirs. Returns how many
-  //! fragments' outer steps were applied.
+  //! fragments' outer steps were applied. On a device, call it once the inner step's work is
+  //! done (its communicator synchronised): the fragments are read on this one's stream.
+  //! The parameters it writes are written when it returns.
   int step() {
     ++t_;
     for (int p = 0; p < o_.fragments; ++p) {
       const std::int64_t offset = static_cast<std::int64_t>(p) * o_.inner_steps / o_.fragments;
       if (t_ < std::max<std::int64_t>(offset, 1) || (t_ - offset) % o_.inner_steps != 0) continue;
       const auto [begin, end] = mine(p);
-      flight f{p, t_ + o_.overlap, std::vector<float>(end - begin), {}};
+      flight f{p, t_ + o_.overlap, buffer<float, space>(end - begin, mem_category::communication), {}};
       gather(begin, end, f.delta.data());
-      for (std::size_t i = 0; i < f.delta.size(); ++i) f.delta[i] = global_[begin + i] - f.delta[i];
-      f.request.emplace(across_->all_reduce_async(f.delta, reduce_op::avg));
+      engine<space>::pseudo_gradient(*across_, f.delta.data(), global_.data() + begin, end - begin);
+      f.request.emplace(across_->all_reduce_async(space_span<float, space>(f.delta.data(), f.delta.size()), reduce_op::avg));
       flights_.push_back(std::move(f));
     }
     int applied = 0;
@@ -133,12 +193,16 @@ class diloco {
       apply(f);
       ++applied;
     }
+    // On a device the new parameters are written on this communicator's stream; the inner
+    // optimizer's work on its own stream must not start before.
+    if constexpr (!space::host_accessible)
+      if (applied > 0) across_->synchronize();
     return applied;
   }
 
   std::int64_t inner_steps_taken() const noexcept { return t_; }
-  //! theta_global: the parameters as of the last outer steps.
-  std::span<const float> global() const noexcept { return global_; }
+  //! theta_global: the parameters as of the last outer steps (in the communicator's space).
+  space_span<const float, space> global() const noexcept { return {global_.data(), global_.size()}; }
   //! Elements [begin, end) of the flat parameters (the spans one after another) form fragment p.
   std::pair<std::size_t, std::size_t> fragment(int p) const noexcept {
     const std::size_t n = global_.size(), f = static_cast<std::size_t>(o_.fragments);
@@ -146,11 +210,12 @@ class diloco {
   }
 
  private:
-  using request_type = decltype(std::declval<Comm&>().all_reduce_async(std::declval<std::vector<float>&>(), reduce_op::avg));
+  using request_type =
+      decltype(std::declval<Comm&>().all_reduce_async(std::declval<space_span<float, space>>(), reduce_op::avg));
   struct flight {
     int fragment;
     std::int64_t apply_at;
-    std::vector<float> delta;
+    buffer<float, space> delta;  // this rank's part of the fragment (one outer step per H inner ones)
     std::optional<request_type> request;
   };
 
@@ -172,25 +237,28 @@ class diloco {
     f.request->wait();
     const auto [lo, hi] = mine(f.fragment);
     auto& count = outer_steps_[static_cast<std::size_t>(f.fragment)];
-    o_.outer.step(std::span<float>(global_.data() + lo, hi - lo), std::span<const float>(f.delta),
-                  {std::span<float>(momentum_.data() + lo, hi - lo)}, ++count);
+    engine<space>::outer_step(*across_, o_.outer, global_.data() + lo, f.delta.data(), momentum_.data() + lo, hi - lo, ++count);
     const auto [begin, end] = fragment(f.fragment);
     const std::size_t n = end - begin;
     if (inside_) {
-      // Every rank of the worker gets every part of the new fragment.
+      // Every rank of the worker gets every part of the new fragment. The outer step ran on the
+      // across communicator's stream, the gather runs on inside's: on a device, wait for it.
+      if constexpr (!space::host_accessible) across_->synchronize();
       const std::size_t chunk = chunk_of(f.fragment), k = static_cast<std::size_t>(inside_->size());
-      std::vector<float> part(chunk, 0.0f), all(chunk * k);
-      std::copy(global_.begin() + static_cast<std::ptrdiff_t>(lo), global_.begin() + static_cast<std::ptrdiff_t>(hi), part.begin());
+      buffer<float, space> part(chunk, mem_category::communication), all(chunk * k, mem_category::communication);
+      engine<space>::fill_zero(*inside_, part.data(), chunk);
+      engine<space>::copy(*inside_, part.data(), global_.data() + lo, hi - lo);
       inside_->all_gather(part, all);
-      std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), global_.begin() + static_cast<std::ptrdiff_t>(begin));
+      engine<space>::copy(*inside_, global_.data() + begin, all.data(), n);
+      if constexpr (!space::host_accessible) inside_->synchronize();
     }
     if (o_.overlap == 0 || o_.mixing == 0.0f) {
       scatter(begin, end, global_.data() + begin);
       return;
     }
-    std::vector<float> local(n);
+    buffer<float, space> local(n, mem_category::communication);
     gather(begin, end, local.data());
-    for (std::size_t i = 0; i < n; ++i) local[i] = o_.mixing * local[i] + (1.0f - o_.mixing) * global_[begin + i];
+    engine<space>::mix(*across_, local.data(), global_.data() + begin, o_.mixing, n);
     scatter(begin, end, local.data());
   }
 
@@ -205,17 +273,17 @@ class diloco {
     }
   }
   void gather(std::size_t begin, std::size_t end, float* out) {
-    each(begin, end, [&](float* p, std::size_t o, std::size_t n) { std::copy(p, p + n, out + o); });
+    each(begin, end, [&](float* p, std::size_t o, std::size_t n) { engine<space>::copy(*across_, out + o, p, n); });
   }
   void scatter(std::size_t begin, std::size_t end, const float* in) {
-    each(begin, end, [&](float* p, std::size_t o, std::size_t n) { std::copy(in + o, in + o + n, p); });
+    each(begin, end, [&](float* p, std::size_t o, std::size_t n) { engine<space>::copy(*across_, p, in + o, n); });
   }
 
   Comm* across_;
   Comm* inside_ = nullptr;
-  std::vector<std::span<float>> params_;
+  std::vector<span_type> params_;
   diloco_options o_;
-  std::vector<float> global_, momentum_;
+  buffer<float, space> global_, momentum_;
   std::vector<std::int64_t> outer_steps_;
   std::deque<flight> flights_;
   std::int64_t t_ = 0;
@@ -227,11 +295,14 @@ class diloco {
 //!
 //!   zero::zero_optimizer<1, optim::adamw, local_comm> inner(workers, spec, adamw);
 //!   local_sgd::diloco<local_comm> outer(across, local_sgd::parameters_of(inner), {.inner_steps = 100});
+//! Host spans (std::span) for a host optimizer, space_spans of its space for a device one.
 template <class Zero>
   requires std::same_as<typename Zero::half_type, float>
-std::vector<std::span<float>> parameters_of(Zero& z) {
+auto parameters_of(Zero& z) {
   static_assert(Zero::stage < 3, "local_sgd::parameters_of: stage 3 keeps only a shard of the parameters, gathered for use");
-  std::vector<std::span<float>> out;
+  using space = typename Zero::space;
+  using span = std::conditional_t<space::host_accessible, std::span<float>, space_span<float, space>>;
+  std::vector<span> out;
   for (const auto& f : z.state_fields()) {
     if (f.name != "parameters") continue;
     for (const auto& r : f.held) out.emplace_back(static_cast<float*>(f.data) + r.at, r.count);
