@@ -4,7 +4,7 @@
 // the outer steps (pseudo-gradient, NCCL's average, Nesterov SGD, streaming fragments with
 // overlap and mixing) are what is under test. Two ranks: NCCL's average is one rounded addition
 // and an exact halving, so the result is the thread ranks' bit for bit; beyond, NCCL adds in its
-// own order (a tolerance).
+// own order (a tolerance). Not covered here: a worker of several ranks (`inside`).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -47,8 +47,9 @@ std::vector<std::vector<float>> run(Comm& comm, local_sgd::diloco_options o, int
   };
   upload();
   typename local_sgd::diloco<Comm>::params_type spans;
-  spans.emplace_back(params.data(), model_size / 2);
-  spans.emplace_back(params.data() + model_size / 2, model_size - model_size / 2);  // two spans, as ZeRO's ranges
+  // Two spans, as ZeRO's ranges, split where no fragment boundary is (a fragment crosses them).
+  spans.emplace_back(params.data(), 1000);
+  spans.emplace_back(params.data() + 1000, model_size - 1000);
   local_sgd::diloco<Comm> outer(comm, spans, o);
   download();
   std::vector<std::vector<float>> out;
@@ -74,7 +75,7 @@ void check(local_sgd::diloco_options o, const char* what) {
     for (std::size_t i = 0; i < model_size; ++i) {
       const float a = got[static_cast<std::size_t>(s)][i], b = want[static_cast<std::size_t>(s)][i];
       if (!(a == b)) ++differ;
-      const double d = std::fabs(static_cast<double>(a) - b) / (std::fabs(static_cast<double>(b)) + 1e-3);
+      const double d = std::fabs(static_cast<double>(a) - b) / (std::fabs(static_cast<double>(b)) + 0.1);
       if (!(d <= worst)) worst = d;
     }
     INFO(what, ", step ", s + 1, ", rank ", comm.rank(), "/", comm.size(), ": ", differ, " of ", model_size,
@@ -92,12 +93,12 @@ TEST_CASE("local_sgd.diloco_nccl: DiLoCo on NCCL ranks = on thread ranks (H = 4,
   check(o, "H = 4");
 }
 
-TEST_CASE("local_sgd.diloco_nccl: streaming DiLoCo, 2 fragments, overlap 1, mixing 0.5") {
+TEST_CASE("local_sgd.diloco_nccl: streaming DiLoCo, 2 fragments, overlap 1, mixing 0.3") {
   local_sgd::diloco_options o;
   o.inner_steps = 4;
   o.fragments = 2;
   o.overlap = 1;
-  o.mixing = 0.5f;
+  o.mixing = 0.3f;  // not a power of two: the products round (0.5 would hide an FMA)
   check(o, "streaming");
 }
 

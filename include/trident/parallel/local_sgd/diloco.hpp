@@ -66,6 +66,7 @@ namespace trident::local_sgd {
 //!   pseudo_gradient(comm, delta, global, n)     delta[i] = global[i] - delta[i] (delta held local)
 //!   outer_step(comm, sgd, params, grads, momentum, n, t)   the outer optimizer's step t
 //!   mix(comm, local, global, alpha, n)          local = alpha local + (1 - alpha) global
+//!   marker, mark(comm, m), wait_for(m)          a point in the communicator's work the host waits for
 //! The host's is below, the CUDA one in parallel/local_sgd/cuda/diloco.cuh (nvcc).
 template <memory_space Space>
 struct engine;
@@ -93,6 +94,11 @@ struct engine<host_space> {
   static void mix(Comm&, float* local, const float* global, float alpha, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) local[i] = alpha * local[i] + (1.0f - alpha) * global[i];
   }
+  //! A point in the communicator's work the host can wait for (here everything is done at once).
+  struct marker {};
+  template <class Comm>
+  static void mark(Comm&, marker&) {}
+  static void wait_for(const marker&) {}
 };
 
 struct diloco_options {
@@ -154,6 +160,9 @@ class diloco {
     momentum_ = buffer<float, space>(n, mem_category::optimizer_state);
     engine<space>::fill_zero(*across_, momentum_.data(), n);
     outer_steps_.assign(static_cast<std::size_t>(o_.fragments), 0);
+    // On a device the broadcast's values land in the parameters on this communicator's stream:
+    // done before the inner optimizer (on its own stream) may touch them.
+    if constexpr (!space::host_accessible) across_->synchronize();
   }
 
  public:
@@ -175,6 +184,7 @@ class diloco {
   //! The parameters it writes are written when it returns.
   int step() {
     ++t_;
+    std::optional<typename engine<space>::marker> read;  // the parameters read for the fragments started
     for (int p = 0; p < o_.fragments; ++p) {
       const std::int64_t offset = static_cast<std::int64_t>(p) * o_.inner_steps / o_.fragments;
       if (t_ < std::max<std::int64_t>(offset, 1) || (t_ - offset) % o_.inner_steps != 0) continue;
@@ -182,9 +192,13 @@ class diloco {
       flight f{p, t_ + o_.overlap, buffer<float, space>(end - begin, mem_category::communication), {}};
       gather(begin, end, f.delta.data());
       engine<space>::pseudo_gradient(*across_, f.delta.data(), global_.data() + begin, end - begin);
+      engine<space>::mark(*across_, read.emplace());  // before the all-reduce: waiting for it leaves that in flight
       f.request.emplace(across_->all_reduce_async(space_span<float, space>(f.delta.data(), f.delta.size()), reduce_op::avg));
       flights_.push_back(std::move(f));
     }
+    // The next inner step may write the parameters as soon as this returns: their reading must
+    // be done (on a device it is queued on this communicator's stream).
+    if (read) engine<space>::wait_for(*read);
     int applied = 0;
     while (!flights_.empty() && flights_.front().apply_at <= t_) {
       // Out of the queue first: a failed all-reduce must not be applied later, unreduced.

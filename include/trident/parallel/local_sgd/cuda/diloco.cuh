@@ -28,6 +28,7 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
 #include "trident/core/cuda/convert.cuh"
+#include "trident/exec/cuda/stream.hpp"
 #include "trident/optim/cuda/step.cuh"
 #include "trident/parallel/local_sgd/diloco.hpp"
 
@@ -90,6 +91,12 @@ struct engine<cuda_space> {
     diloco_detail::mix_kernel<><<<cuda::grid_for(n, block), block, 0, diloco_detail::stream_of(comm)>>>(local, global, alpha, n);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   }
+  using marker = cuda_event;
+  template <class Comm>
+  static void mark(Comm& comm, marker& m) {
+    m.record(diloco_detail::stream_of(comm));
+  }
+  static void wait_for(const marker& m) { m.synchronize(); }
 };
 
 }  // namespace trident::local_sgd
