@@ -154,6 +154,10 @@ fs::path shared_dir(Comm& comm, const std::string& name) {
   std::vector<std::uint64_t> id{static_cast<std::uint64_t>(::getpid())};
   trident::checkpoint::detail::broadcast_values(comm, id, 0);
   const auto dir = fs::temp_directory_path() / ("trident_ckpt_" + std::to_string(id[0])) / name;
+  // Every rank must be done with the directory's last use (a slower rank may still be reading
+  // the files a check compares) before rank 0 clears it: under load that read met the next
+  // run's files, and the check failed.
+  comm.barrier();
   if (comm.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
