@@ -169,6 +169,15 @@ inline bool aligned(const void* pointer, std::size_t bytes) noexcept {
   return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
+// Whether every array takes the kernels' groups of four (float4 and 8-byte half loads); a null
+// state (one the update does not use) or working copy does not count.
+template <class Grad, class Working>
+bool vectorisable(const float* p, const Grad* g, const float* s0, const float* s1, const float* s2, const Working* w) noexcept {
+  return aligned(p, 16) && aligned(g, 4 * sizeof(Grad)) && (s0 == nullptr || aligned(s0, 16)) &&
+         (s1 == nullptr || aligned(s1, 16)) && (s2 == nullptr || aligned(s2, 16)) &&
+         (w == nullptr || aligned(w, 4 * sizeof(Working)));
+}
+
 // The element function of gradient_stats: the product rounded to float, squared in double.
 template <class Grad>
 struct scaled_square {
@@ -225,9 +234,7 @@ void step(const Opt& o, device_span<float> params, device_span<const Grad> grads
     float* s1 = state_at.template operator()<1>();
     float* s2 = state_at.template operator()<2>();
     Working* w = working_copy.empty() ? nullptr : working_copy.data();
-    const bool vectorised = detail::aligned(params.data(), 16) && detail::aligned(grads.data(), 4 * sizeof(Grad)) &&
-                            (s0 == nullptr || detail::aligned(s0, 16)) && (s1 == nullptr || detail::aligned(s1, 16)) && (s2 == nullptr || detail::aligned(s2, 16)) &&
-                            (w == nullptr || detail::aligned(w, 4 * sizeof(Working)));
+    const bool vectorised = detail::vectorisable(params.data(), grads.data(), s0, s1, s2, w);
     constexpr int block = 256;
     const std::size_t work = vectorised ? (n + 3) / 4 : n;
     detail::step_kernel<update, Grad, Working>
@@ -276,9 +283,7 @@ void step_deferred(const Opt& o, device_span<float> params, device_span<const Gr
   float* s1 = state_at(1);
   float* s2 = state_at(2);
   Working* w = working_copy.empty() ? nullptr : working_copy.data();
-  const bool vectorised = detail::aligned(params.data(), 16) && detail::aligned(grads.data(), 4 * sizeof(Grad)) &&
-                          (s0 == nullptr || detail::aligned(s0, 16)) && (s1 == nullptr || detail::aligned(s1, 16)) &&
-                          (s2 == nullptr || detail::aligned(s2, 16)) && (w == nullptr || detail::aligned(w, 4 * sizeof(Working)));
+  const bool vectorised = detail::vectorisable(params.data(), grads.data(), s0, s1, s2, w);
   constexpr int block = 256;
   const std::size_t work = vectorised ? (n + 3) / 4 : n;
   detail::deferred_step_kernel<Opt, Grad, Working>

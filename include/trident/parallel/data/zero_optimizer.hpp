@@ -639,16 +639,9 @@ class zero_optimizer {
     guarded("step", [&] { finish_reductions(); });
     check_gradients_untouched();
 
-    // Overflow and norm over this rank's pieces, summed in bucket order (the same sum on every
-    // stage) into this rank's report where it stands, on the communicator's stream; then every
-    // rank's report, in one all-gather, read back once: the step's one host wait.
-    const float unscale = static_cast<float>(1.0 / scaler_.scale());
-    for (std::size_t i = 0; i < stat_ranges_.size(); ++i) {
-      const auto& r = stat_ranges_[i];
-      engine<space>::stats_into(*comm_, grad_piece(r.bucket) + r.offset, r.length, unscale, bucket_sums_.data() + i,
-                                stats_scratch_.data(), stats_scratch_.size());
-    }
-    engine<space>::total_into(*comm_, bucket_sums_.data(), bucket_sums_.size(), report_of_this_rank());
+    // This rank's report (queue_report), then every rank's, in one all-gather, read back once:
+    // the step's one host wait.
+    const float unscale = queue_report();
     const auto reports = guarded("step", [&] { return exchange_reports(); });
     double norm_squared = 0;
     bool overflow = false;
@@ -718,13 +711,7 @@ class zero_optimizer {
     guarded("step_async", [&] { finish_reductions(); });
     check_gradients_untouched();
 
-    const float unscale = static_cast<float>(1.0 / scaler_.scale());
-    for (std::size_t i = 0; i < stat_ranges_.size(); ++i) {
-      const auto& r = stat_ranges_[i];
-      engine<space>::stats_into(*comm_, grad_piece(r.bucket) + r.offset, r.length, unscale, bucket_sums_.data() + i,
-                                stats_scratch_.data(), stats_scratch_.size());
-    }
-    engine<space>::total_into(*comm_, bucket_sums_.data(), bucket_sums_.size(), report_of_this_rank());
+    const float unscale = queue_report();
     if (device_count_stale_) {  // step() or restore_counters() moved the count on the host
       engine<space>::store(*comm_, deferred_state_.data() + optim::deferred_decision::step_number,
                            {static_cast<double>(step_count_), 0.0, 0.0, 0.0}, 1);
@@ -1198,6 +1185,20 @@ class zero_optimizer {
       TRIDENT_EXPECT(synced_[b], call, ": the gradients of layers ", k.first_layer, "..", k.last_layer, " were not reduced: every layer must be "
                      "marked ready (grad_ready) in the last micro-batch, with gradient sync on");
     }
+  }
+
+  // Overflow and norm over this rank's pieces, summed in bucket order (the same sum on every
+  // stage) into this rank's report where it stands, queued on the communicator's stream.
+  // Returns the unscale factor the statistics used.
+  float queue_report() {
+    const float unscale = static_cast<float>(1.0 / scaler_.scale());
+    for (std::size_t i = 0; i < stat_ranges_.size(); ++i) {
+      const auto& r = stat_ranges_[i];
+      engine<space>::stats_into(*comm_, grad_piece(r.bucket) + r.offset, r.length, unscale, bucket_sums_.data() + i,
+                                stats_scratch_.data(), stats_scratch_.size());
+    }
+    engine<space>::total_into(*comm_, bucket_sums_.data(), bucket_sums_.size(), report_of_this_rank());
+    return unscale;
   }
 
   // What step_async() cannot do without deciding on the host, named.
