@@ -8,6 +8,11 @@
 //     ranks with the same inputs: its compressed rounds bit for bit on any number of ranks (their
 //     collectives carry no arithmetic), the warm-up's plain all-reduce too on two ranks, with and without error feedback, in
 //     gradient and 1-bit Adam momentum mode, fp32 and bf16 buckets; and through zero_optimizer.
+//   - compress::powersgd (compress/cuda/powersgd.cuh) against the host reducer run on as many
+//     thread ranks with the same inputs, every round within float rounding (its products sum in
+//     double on both, in different orders): ranks 1 and 2 (Gram-Schmidt), 3 and 5 (Householder
+//     QR), without warm starts, without error feedback, sum and avg, fp32 and bf16 buckets; a
+//     warm round allocates nothing; and through zero_optimizer, stages 0 and 2.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -23,6 +28,7 @@
 #include "trident/comm/nccl.hpp"
 #include "trident/compress/cuda/cast.cuh"
 #include "trident/compress/cuda/onebit.cuh"
+#include "trident/compress/cuda/powersgd.cuh"
 #include "trident/parallel/data/cuda/zero_engine.cuh"
 #include "zero/zero_training.hpp"
 
@@ -214,7 +220,142 @@ std::vector<float> train_onebit(Comm& comm) {
   return toy::parameters(z, spec);
 }
 
+// A PowerSGD bucket: matrices compressed at ranks up to 5 (one of 300 rows, so that M^T P takes
+// three chunks and the QR's loops stride past a block), a vector and a 3 x 3 matrix sent whole,
+// padding between tensors and at the end.
+inline std::vector<compress::tensor_part> powersgd_parts() {
+  return {{"w1", 0, 40, 30}, {"b1", 1200, 30, 1}, {"w2", 1250, 37, 11}, {"w3", 1700, 64, 12}, {"tiny", 2500, 3, 3},
+          {"emb", 2600, 300, 20}};
+}
+constexpr std::size_t powersgd_bucket = 8700;
+
+// Rank r's gradients in round k: smooth in [-1, 1], different on every rank and round.
+float smooth_input(int rank, int round, std::size_t i) {
+  const std::uint32_t h = static_cast<std::uint32_t>(i * 2654435761u) ^ static_cast<std::uint32_t>((rank * 31 + round) * 40503u + 7u);
+  return static_cast<float>(h % 200003u) / 100001.5f - 1.0f;
+}
+
+// Six rounds of one bucket through powersgd, this rank's bucket after each; the
+// device's allocations made by each round (ledger count) in `allocations`.
+template <class T, class Comm>
+std::vector<std::vector<float>> powersgd_rounds(Comm& comm, compress::powersgd_options o, trident::reduce_op op,
+                                                std::vector<std::size_t>* allocations = nullptr) {
+  compress::powersgd reducer(o);
+  const auto parts = powersgd_parts();
+  using space = typename Comm::space;
+  trident::buffer<T, space> data(powersgd_bucket);
+  const trident::space_span<T, space> span(data.data(), data.size());
+  std::vector<std::vector<float>> out;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<T> in(powersgd_bucket, T(0.0f));
+    for (const auto& t : parts)
+      for (std::size_t e = 0; e < t.numel(); ++e) in[t.offset + e] = T(smooth_input(comm.rank(), round, t.offset + e));
+    trident::copy(trident::space_span<const T, trident::host_space>(in.data(), in.size()), span);
+    const auto ledger = trident::current_ledger();
+    const auto before = ledger->allocations(trident::space_kind::cuda);
+    reducer.all_reduce(comm, compress::bucket_view<T, space>{0, span, parts, op, round + 1});
+    if (allocations != nullptr) allocations->push_back(ledger->allocations(trident::space_kind::cuda) - before);
+    comm.synchronize();
+    std::vector<T> back(powersgd_bucket);
+    trident::copy(trident::space_span<const T, space>(data.data(), data.size()),
+                  trident::space_span<T, trident::host_space>(back.data(), back.size()));
+    std::vector<float> f(back.size());
+    for (std::size_t i = 0; i < back.size(); ++i) f[i] = static_cast<float>(back[i]);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+template <class T>
+void check_powersgd(trident::nccl_comm& comm, compress::powersgd_options o, trident::reduce_op op) {
+  o.start_iter = 2;
+  const auto host = trident::local_world::run(comm.size(), [&](trident::local_comm& c) { return powersgd_rounds<T>(c, o, op); });
+  std::vector<std::size_t> allocations;
+  const auto got = powersgd_rounds<T>(comm, o, op, &allocations);
+  const auto& want = host[static_cast<std::size_t>(comm.rank())];
+  // fp32: the device's double sums differ from the host's in order only, so float rounding; bf16:
+  // a value on either side of a bf16 rounding boundary is one bf16 ulp apart.
+  const double tolerance = sizeof(T) == 2 ? 1.0 / 128 : 1e-5;
+  for (std::size_t round = 0; round < got.size(); ++round) {
+    double worst = 0;
+    std::size_t beyond = 0;
+    for (std::size_t i = 0; i < got[round].size(); ++i) {
+      const double d = std::fabs(static_cast<double>(got[round][i]) - want[round][i]) / (1.0 + std::fabs(want[round][i]));
+      if (!(d <= worst)) worst = d;
+      if (!(d <= tolerance)) ++beyond;
+    }
+    INFO("round ", round, " (start_iter 2), rank ", o.rank, ", warm start ", o.warm_start, ", error feedback ", o.error_feedback,
+         ", op ", static_cast<int>(op), ", ", sizeof(T), "-byte elements, rank ", comm.rank(), "/", comm.size(), ": largest difference ",
+         worst, " x (1 + |x|) from the host's, ", beyond, " beyond ", tolerance);
+    CHECK(beyond == 0);
+  }
+  // The compressed rounds changed the values (not a plain all-reduce), the padding stayed 0, and
+  // after the first compressed round nothing was allocated.
+  const auto plain = trident::local_world::run(comm.size(), [&](trident::local_comm& c) {
+    return powersgd_rounds<T>(c, {.start_iter = 100}, op);
+  })[static_cast<std::size_t>(comm.rank())];
+  CHECK(std::fabs(got.back()[0] - plain.back()[0]) + std::fabs(got.back()[2700] - plain.back()[2700]) > 1e-4);
+  for (std::size_t i = 1230; i < 1250; ++i) CHECK(got.back()[i] == 0.0f);
+  for (std::size_t i = 8600; i < powersgd_bucket; ++i) CHECK(got.back()[i] == 0.0f);
+  CHECK(allocations[2] > 0);
+  for (std::size_t round = 3; round < allocations.size(); ++round) CHECK(allocations[round] == 0);
+}
+
+// The toy model (two buckets), ZeRO stage Stage, PowerSGD rank 2 after 2 plain steps.
+template <int Stage, class Comm>
+std::vector<float> train_powersgd(Comm& comm) {
+  trident::model_spec spec;
+  spec.add("a", {40}, 0).add("b", {6, 5}, 0).add("c", {70}, 1).add("d", {12, 10}, 1);
+  trident::zero::zero_options o;
+  o.bucket_bytes = o.first_bucket_bytes = 256 * sizeof(float);
+  o.persistence_threshold = 0;
+  trident::optim::sgd sgd;
+  sgd.opt.lr = 0.05f;
+  sgd.opt.momentum = 0.9f;
+  trident::zero::zero_optimizer<Stage, trident::optim::sgd, Comm> z(comm, spec, sgd, o);
+  z.reduce_gradients_with(std::make_shared<compress::powersgd>(compress::powersgd_options{.rank = 2, .start_iter = 2}));
+  toy::initialise(z, spec);
+  for (int s = 0; s < 6; ++s) {
+    toy::step_samples(comm, z, spec, s);
+    CHECK(z.step().applied);
+  }
+  return toy::parameters(z, spec);
+}
+
+template <int Stage>
+void check_powersgd_training(trident::nccl_comm& comm) {
+  const auto host = trident::local_world::run(comm.size(), [](trident::local_comm& c) { return train_powersgd<Stage>(c); });
+  const auto got = train_powersgd<Stage>(comm);
+  const auto& want = host[static_cast<std::size_t>(comm.rank())];
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]) / (std::fabs(static_cast<double>(want[i])) + 0.1);
+    if (!(d <= worst)) worst = d;
+  }
+  INFO("stage ", Stage, ", PowerSGD rank 2, ", comm.size(), " NCCL ranks against thread ranks: largest relative difference ", worst);
+  CHECK(worst <= 1e-4);
+}
+
 }  // namespace
+
+TEST_CASE("compress.nccl: powersgd on device buffers is the host's within float rounding") {
+  auto& comm = *world;
+  using trident::reduce_op;
+  check_powersgd<float>(comm, {.rank = 1}, reduce_op::avg);
+  check_powersgd<float>(comm, {.rank = 2}, reduce_op::avg);
+  check_powersgd<float>(comm, {.rank = 3}, reduce_op::avg);
+  check_powersgd<float>(comm, {.rank = 5, .clamp_rank = true}, reduce_op::sum);  // "tiny" is 3 x 3
+  check_powersgd<float>(comm, {.rank = 2, .warm_start = false}, reduce_op::avg);
+  check_powersgd<float>(comm, {.rank = 3, .error_feedback = false}, reduce_op::avg);
+  check_powersgd<trident::bf16>(comm, {.rank = 2}, reduce_op::avg);
+}
+
+TEST_CASE("compress.nccl: ZeRO with PowerSGD on NCCL trains as on thread ranks (stages 0 and 2)") {
+  auto& comm = *world;
+  check_powersgd_training<0>(comm);
+  check_powersgd_training<2>(comm);
+}
 
 TEST_CASE("compress.nccl: onebit on device buffers is the host's, bit for bit") {
   auto& comm = *world;

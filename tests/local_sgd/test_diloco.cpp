@@ -157,11 +157,14 @@ TEST_CASE("diloco: streaming sends one fragment at a time; overlap hides it behi
       net_type across(c.split(0, c.rank()), network(4), {.count_compute = false});
       std::vector<float> model(4000, static_cast<float>(c.rank()));
       local_sgd::diloco<net_type> outer(across, {std::span<float>(model)}, opts);
+      const auto ledger = trident::current_ledger();  // this thread's
+      const auto made = ledger->allocations(trident::space_kind::host);
       for (int s = 0; s < steps; ++s) {
         across.advance(0.3);
         for (float& x : model) x += 0.001f;
         outer.step();
       }
+      CHECK(ledger->allocations(trident::space_kind::host) == made);  // the constructor made every buffer
       return across.now();
     })[0];
   };
@@ -191,10 +194,13 @@ TEST_CASE("diloco: a worker of k ranks sends each fragment across once, bitwise 
       auto outer = split ? local_sgd::diloco<net_type>(across, inside, local_sgd::parameters_of(inner), o)
                          : local_sgd::diloco<net_type>(across, local_sgd::parameters_of(inner), o);
       net.reset_wire();
+      const auto ledger = trident::current_ledger();
       for (int s = 0; s < 9; ++s) {
         mlp::train_step(inner, d, static_cast<std::size_t>(s * 32 + c.rank() * 8), 8, 8);
         inner.step();
+        const auto made = ledger->allocations(trident::space_kind::host);
         outer.step();
+        CHECK(ledger->allocations(trident::space_kind::host) == made);
       }
       outcome out;
       for (auto sp : local_sgd::parameters_of(inner)) out.parameters.insert(out.parameters.end(), sp.begin(), sp.end());

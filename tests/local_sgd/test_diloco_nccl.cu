@@ -56,7 +56,9 @@ std::vector<std::vector<float>> run(Comm& comm, local_sgd::diloco_options o, int
   for (int s = 0; s < steps; ++s) {
     for (std::size_t i = 0; i < model_size; ++i) host[i] += inner_update(comm.rank(), s, i);
     upload();
+    const auto made = trident::current_ledger()->allocations(trident::space_kind::cuda);
     outer.step();
+    CHECK(trident::current_ledger()->allocations(trident::space_kind::cuda) == made);  // no cudaMalloc, no cudaFree
     download();
     out.push_back(host);
   }

@@ -30,13 +30,20 @@
 //   auto r = std::make_shared<trident::compress::powersgd>(o);
 //   zero.reduce_gradients_with(r);
 //   r->numel_after() / double(r->numel_before());   // the compression (PyTorch's statistics)
+//
+// On device memory (nccl_comm) the same algorithm runs in kernels on the communicator's stream:
+// include <trident/compress/cuda/powersgd.cuh> (nvcc), which specialises powersgd_engine<cuda_space>.
 #include <cmath>
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numbers>
+#include <span>
 #include <vector>
 
 #include "trident/compress/reducer.hpp"
+#include "trident/core/config.hpp"
 #include "trident/core/error.hpp"
 #include "trident/model/init.hpp"
 
@@ -60,10 +67,59 @@ namespace detail {
 
 using trident::detail::splitmix64;  // model/init.hpp's, which draws the initial weights too
 //! A standard normal value for `key` (Box-Muller on two 53-bit uniforms in (0, 1]).
-inline float normal(std::uint64_t key) noexcept {
+TRIDENT_HOST_DEVICE inline float normal(std::uint64_t key) noexcept {
   const double u1 = (static_cast<double>(splitmix64(2 * key) >> 11) + 1.0) * 0x1.0p-53;
   const double u2 = static_cast<double>(splitmix64(2 * key + 1) >> 11) * 0x1.0p-53;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+//! A compressed tensor of a bucket: where it sits, its rank r, and where its factors sit in the
+//! arrays of every P (rows x r) and every Q (cols x r). `index` is its place among the tensors.
+struct powersgd_matrix {
+  std::size_t offset = 0, rows = 0, cols = 0, r = 0, p_at = 0, q_at = 0, index = 0;
+  friend bool operator==(const powersgd_matrix&, const powersgd_matrix&) = default;
+};
+//! A tensor all-reduced whole: where it sits in the bucket and in the array sent.
+struct powersgd_whole {
+  std::size_t offset = 0, n = 0, u_at = 0;
+  friend bool operator==(const powersgd_whole&, const powersgd_whole&) = default;
+};
+//! Which tensors of a bucket are compressed, where everything goes, and PyTorch's statistics.
+struct powersgd_layout {
+  std::vector<powersgd_matrix> compressed;
+  std::vector<powersgd_whole> whole;
+  std::size_t p_size = 0, q_size = 0, u_size = 0;
+  std::uint64_t before = 0, after = 0;  // elements uncompressed, and sent
+};
+
+inline powersgd_layout powersgd_layout_of(std::span<const tensor_part> tensors, const powersgd_options& o) {
+  powersgd_layout l;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const tensor_part& t = tensors[i];
+    TRIDENT_EXPECT(o.clamp_rank || t.rows == 1 || t.cols == 1 || o.rank <= std::min(t.rows, t.cols), "compress::powersgd: rank ",
+                   o.rank, " is above the smaller side of tensor '", t.name, "' (", t.rows, " x ", t.cols,
+                   "); expected a rank <= ", std::min(t.rows, t.cols), ", or clamp_rank = true (PyTorch's min(rows, cols, rank))");
+    const std::size_t r = std::min({t.rows, t.cols, o.rank});
+    l.before += t.numel();
+    if (static_cast<double>((t.rows + t.cols) * r) * o.min_compression_rate < static_cast<double>(t.numel())) {
+      l.compressed.push_back({t.offset, t.rows, t.cols, r, l.p_size, l.q_size, i});
+      l.p_size += t.rows * r;
+      l.q_size += t.cols * r;
+      l.after += (t.rows + t.cols) * r;
+    } else {
+      l.whole.push_back({t.offset, t.numel(), l.u_size});
+      l.u_size += t.numel();
+      l.after += t.numel();
+    }
+  }
+  return l;
+}
+
+//! Where the random start of tensor `index` of bucket `bucket` begins in the generator's
+//! sequence (element e is normal(key + e)); `draw` is 0 with warm starts, else the step.
+TRIDENT_HOST_DEVICE constexpr std::uint64_t start_key(std::uint64_t seed, std::uint64_t bucket, std::uint64_t index,
+                                                    std::uint64_t draw) noexcept {
+  return splitmix64(splitmix64(splitmix64(seed ^ (bucket << 32)) ^ index) ^ draw) << 24;
 }
 
 //! Orthonormalises the columns of a rows x r row-major matrix in place, as PyTorch's
@@ -122,6 +178,11 @@ inline void orthogonalize(float* a, std::size_t rows, std::size_t r, float epsil
 
 }  // namespace detail
 
+//! Where powersgd's compressed steps run for a memory space the host cannot read: specialised in
+//! compress/cuda/powersgd.cuh for cuda_space (the same algorithm in kernels).
+template <memory_space Space>
+struct powersgd_engine;
+
 class powersgd {
  public:
   explicit powersgd(powersgd_options o = {}) : o_(o) {
@@ -140,15 +201,35 @@ class powersgd {
 
   template <class Comm, class T>
   void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
-    static_assert(Comm::space::host_accessible, "trident::compress::powersgd works on host memory (thread ranks, MPI)");
+    using space = typename Comm::space;
+    if constexpr (!space::host_accessible)
+      static_assert(requires { sizeof(powersgd_engine<space>); },
+                    "trident::compress::powersgd on device memory: include <trident/compress/cuda/powersgd.cuh> (compiled by nvcc)");
     bucket& s = state(b.index);
     if ((b.step > 0 ? b.step - 1 : s.iter) < o_.start_iter) {  // steps before this one (or calls)
       ++s.iter;
-      space_span<T, typename Comm::space> data = b.data;
+      space_span<T, space> data = b.data;
       comm.all_reduce(data, b.op);
       return;
     }
     ++s.iter;
+    const detail::powersgd_layout layout = detail::powersgd_layout_of(b.tensors, o_);
+    before_ += layout.before;
+    after_ += layout.after;
+    if constexpr (!space::host_accessible) powersgd_engine<space>::all_reduce(comm, b, o_, layout, s.iter, s.device);
+    else host_all_reduce(comm, b, layout, s);
+  }
+
+ private:
+  struct bucket {
+    std::int64_t iter = 0;
+    std::vector<float> error, q;
+    std::shared_ptr<void> device;  // on a device: the engine's buffers (error, Q, factors, tables)
+  };
+
+  template <class Comm, class T>
+  void host_all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b, const detail::powersgd_layout& layout,
+                       bucket& s) {
     const bool avg = b.op == reduce_op::avg;
     const float ranks = static_cast<float>(comm.size());
     std::vector<float> m = detail::floats_of(b);
@@ -156,77 +237,51 @@ class powersgd {
       if (s.error.size() != m.size()) s.error.assign(m.size(), 0.0f);
       for (std::size_t i = 0; i < m.size(); ++i) m[i] += s.error[i];
     }
-    // Which tensors are compressed, and where their factors sit in the P and Q arrays.
-    struct matrix {
-      const tensor_part* t;
-      std::size_t r, p_at, q_at, index;
-    };
-    std::vector<matrix> compressed;
-    std::vector<const tensor_part*> whole;
-    std::size_t p_size = 0, q_size = 0, u_size = 0;
-    for (std::size_t i = 0; i < b.tensors.size(); ++i) {
-      const tensor_part& t = b.tensors[i];
-      TRIDENT_EXPECT(o_.clamp_rank || t.rows == 1 || t.cols == 1 || o_.rank <= std::min(t.rows, t.cols), "compress::powersgd: rank ",
-                     o_.rank, " is above the smaller side of tensor '", t.name, "' (", t.rows, " x ", t.cols,
-                     "); expected a rank <= ", std::min(t.rows, t.cols), ", or clamp_rank = true (PyTorch's min(rows, cols, rank))");
-      const std::size_t r = std::min({t.rows, t.cols, o_.rank});
-      before_ += t.numel();
-      if (static_cast<double>((t.rows + t.cols) * r) * o_.min_compression_rate < static_cast<double>(t.numel())) {
-        compressed.push_back({&t, r, p_size, q_size, i});
-        p_size += t.rows * r;
-        q_size += t.cols * r;
-        after_ += (t.rows + t.cols) * r;
-      } else {
-        whole.push_back(&t);
-        u_size += t.numel();
-        after_ += t.numel();
-      }
-    }
     // Uncompressed tensors, all-reduced as they are.
     std::vector<float> u;
-    u.reserve(u_size);
-    for (const tensor_part* t : whole) u.insert(u.end(), m.begin() + static_cast<std::ptrdiff_t>(t->offset),
-                                                m.begin() + static_cast<std::ptrdiff_t>(t->offset + t->numel()));
+    u.reserve(layout.u_size);
+    for (const detail::powersgd_whole& t : layout.whole)
+      u.insert(u.end(), m.begin() + static_cast<std::ptrdiff_t>(t.offset), m.begin() + static_cast<std::ptrdiff_t>(t.offset + t.n));
     comm.all_reduce(u, reduce_op::sum);
     if (avg)
       for (float& x : u) x /= ranks;
     // Q: last step's (warm start) or a random start, orthogonalised either way.
-    const bool fresh = !o_.warm_start || s.q.size() != q_size;
-    if (fresh) s.q.assign(q_size, 0.0f);
-    for (const matrix& x : compressed) {
+    const bool fresh = !o_.warm_start || s.q.size() != layout.q_size;
+    if (fresh) s.q.assign(layout.q_size, 0.0f);
+    for (const detail::powersgd_matrix& x : layout.compressed) {
       float* q = s.q.data() + x.q_at;
       if (fresh) {
         // Without warm starts PyTorch draws a new start every step: the step goes into the key.
-        const std::uint64_t draw = o_.warm_start ? 0 : static_cast<std::uint64_t>(s.iter);
-        const std::uint64_t key = detail::splitmix64(detail::splitmix64(detail::splitmix64(o_.seed ^ (b.index << 32)) ^ x.index) ^ draw) << 24;
-        for (std::size_t e = 0; e < x.t->cols * x.r; ++e) q[e] = detail::normal(key + e);
+        const std::uint64_t key = detail::start_key(o_.seed, b.index, x.index, o_.warm_start ? 0 : static_cast<std::uint64_t>(s.iter));
+        for (std::size_t e = 0; e < x.cols * x.r; ++e) q[e] = detail::normal(key + e);
       }
-      detail::orthogonalize(q, x.t->cols, x.r, o_.orthogonalization_epsilon);
+      detail::orthogonalize(q, x.cols, x.r, o_.orthogonalization_epsilon);
     }
     // P = M Q, summed over ranks, orthogonalised.
-    std::vector<float> p(p_size);
-    for (const matrix& x : compressed) {
-      const float* a = m.data() + x.t->offset;
+    std::vector<float> p(layout.p_size);
+    for (const detail::powersgd_matrix& x : layout.compressed) {
+      const float* a = m.data() + x.offset;
       const float* q = s.q.data() + x.q_at;
       float* out = p.data() + x.p_at;
-      for (std::size_t i = 0; i < x.t->rows; ++i)
+      for (std::size_t i = 0; i < x.rows; ++i)
         for (std::size_t j = 0; j < x.r; ++j) {
           double acc = 0;
-          for (std::size_t k = 0; k < x.t->cols; ++k) acc += static_cast<double>(a[i * x.t->cols + k]) * q[k * x.r + j];
+          for (std::size_t k = 0; k < x.cols; ++k) acc += static_cast<double>(a[i * x.cols + k]) * q[k * x.r + j];
           out[i * x.r + j] = static_cast<float>(acc);
         }
     }
     comm.all_reduce(p, reduce_op::sum);
-    for (const matrix& x : compressed) detail::orthogonalize(p.data() + x.p_at, x.t->rows, x.r, o_.orthogonalization_epsilon);
+    for (const detail::powersgd_matrix& x : layout.compressed)
+      detail::orthogonalize(p.data() + x.p_at, x.rows, x.r, o_.orthogonalization_epsilon);
     // Q = M^T P, averaged over ranks.
-    for (const matrix& x : compressed) {
-      const float* a = m.data() + x.t->offset;
+    for (const detail::powersgd_matrix& x : layout.compressed) {
+      const float* a = m.data() + x.offset;
       const float* pp = p.data() + x.p_at;
       float* q = s.q.data() + x.q_at;
-      for (std::size_t k = 0; k < x.t->cols; ++k)
+      for (std::size_t k = 0; k < x.cols; ++k)
         for (std::size_t j = 0; j < x.r; ++j) {
           double acc = 0;
-          for (std::size_t i = 0; i < x.t->rows; ++i) acc += static_cast<double>(a[i * x.t->cols + k]) * pp[i * x.r + j];
+          for (std::size_t i = 0; i < x.rows; ++i) acc += static_cast<double>(a[i * x.cols + k]) * pp[i * x.r + j];
           q[k * x.r + j] = static_cast<float>(acc);
         }
     }
@@ -235,23 +290,20 @@ class powersgd {
       for (float& x : s.q) x /= ranks;
     // The bucket: P Q^T for compressed tensors, the reduced values for the others, 0 in padding.
     std::vector<float> out(m.size(), 0.0f);
-    for (const matrix& x : compressed) {
+    for (const detail::powersgd_matrix& x : layout.compressed) {
       const float* pp = p.data() + x.p_at;
       const float* q = s.q.data() + x.q_at;
-      float* o = out.data() + x.t->offset;
-      for (std::size_t i = 0; i < x.t->rows; ++i)
-        for (std::size_t k = 0; k < x.t->cols; ++k) {
+      float* o = out.data() + x.offset;
+      for (std::size_t i = 0; i < x.rows; ++i)
+        for (std::size_t k = 0; k < x.cols; ++k) {
           double acc = 0;
           for (std::size_t j = 0; j < x.r; ++j) acc += static_cast<double>(pp[i * x.r + j]) * q[k * x.r + j];
-          o[i * x.t->cols + k] = static_cast<float>(acc);
+          o[i * x.cols + k] = static_cast<float>(acc);
         }
     }
-    std::size_t at = 0;
-    for (const tensor_part* t : whole) {
-      std::copy(u.begin() + static_cast<std::ptrdiff_t>(at), u.begin() + static_cast<std::ptrdiff_t>(at + t->numel()),
-                out.begin() + static_cast<std::ptrdiff_t>(t->offset));
-      at += t->numel();
-    }
+    for (const detail::powersgd_whole& t : layout.whole)
+      std::copy(u.begin() + static_cast<std::ptrdiff_t>(t.u_at), u.begin() + static_cast<std::ptrdiff_t>(t.u_at + t.n),
+                out.begin() + static_cast<std::ptrdiff_t>(t.offset));
     // The error is this rank's input less its share of the result: the average itself, or a
     // sum's 1/ranks.
     if (o_.error_feedback) {
@@ -262,11 +314,6 @@ class powersgd {
     detail::store(b, out);
   }
 
- private:
-  struct bucket {
-    std::int64_t iter = 0;
-    std::vector<float> error, q;
-  };
   bucket& state(std::size_t index) {
     if (index >= buckets_.size()) buckets_.resize(index + 1);
     return buckets_[index];

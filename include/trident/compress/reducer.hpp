@@ -18,9 +18,8 @@
 // A type opts in with a member
 //   template <class Comm> void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b);
 // that leaves in b.data, on every rank, (an approximation of) b.op (sum or avg) over the ranks'
-// b.data. The reducers here work on host memory (thread ranks, MPI); cast and onebit also on a
-// device (nccl_comm, with compress/cuda/cast.cuh and compress/cuda/onebit.cuh); powersgd refuses
-// a device at compile time.
+// b.data. The reducers here work on host memory (thread ranks, MPI) and on a device (nccl_comm,
+// with compress/cuda/cast.cuh, compress/cuda/onebit.cuh and compress/cuda/powersgd.cuh).
 #include <cstddef>
 #include <span>
 #include <string>

@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "trident/core/config.hpp"
 #include "trident/core/error.hpp"
 #include "trident/model/sharding.hpp"
 
@@ -48,7 +49,7 @@ struct init_constant {
 
 namespace detail {
 
-constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
+TRIDENT_HOST_DEVICE constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

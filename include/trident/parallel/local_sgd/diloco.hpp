@@ -37,6 +37,9 @@
 // In any memory space: on a device (nccl_comm) the copies, the pseudo-gradient, the outer step
 // (cuda::step, the host's arithmetic) and the mixing run on the communicator's stream through
 // local_sgd::engine<cuda_space>: include <trident/parallel/local_sgd/cuda/diloco.cuh> (nvcc).
+// The constructor makes every buffer (theta_global, the momentum, one pseudo-gradient per
+// fragment, the worker's gather, the mixing's copy): step() allocates nothing, so on a device no
+// cudaFree waits for the device behind an overlapped all-reduce.
 //
 //   trident::local_sgd::diloco<trident::local_comm> outer(across, {params}, {.inner_steps = 100});
 //   for (int t = 0; t < steps; ++t) {
@@ -160,6 +163,23 @@ class diloco {
     momentum_ = buffer<float, space>(n, mem_category::optimizer_state);
     engine<space>::fill_zero(*across_, momentum_.data(), n);
     outer_steps_.assign(static_cast<std::size_t>(o_.fragments), 0);
+    // Every buffer a step needs, made now: a fragment is in flight at most once at a time
+    // (overlap < H), so one delta per fragment; the worker's gather and the mixing reuse theirs.
+    // On a device an allocation in step() would cost more than its bytes: cudaFree waits for
+    // the whole device, the communication that overlap hides included.
+    std::size_t widest = 0, widest_chunk = 0;
+    for (int p = 0; p < o_.fragments; ++p) {
+      const auto [begin, end] = fragment(p);
+      const auto [lo, hi] = mine(p);
+      deltas_.emplace_back(hi - lo, mem_category::communication);
+      widest = std::max(widest, end - begin);
+      widest_chunk = std::max(widest_chunk, chunk_of(p));
+    }
+    if (inside_) {
+      part_ = buffer<float, space>(widest_chunk, mem_category::communication);
+      all_ = buffer<float, space>(widest_chunk * static_cast<std::size_t>(inside_->size()), mem_category::communication);
+    }
+    if (o_.overlap > 0 && o_.mixing != 0.0f) local_ = buffer<float, space>(widest, mem_category::communication);
     // On a device the broadcast's values land in the parameters on this communicator's stream:
     // done before the inner optimizer (on its own stream) may touch them.
     if constexpr (!space::host_accessible) across_->synchronize();
@@ -189,11 +209,11 @@ class diloco {
       const std::int64_t offset = static_cast<std::int64_t>(p) * o_.inner_steps / o_.fragments;
       if (t_ < std::max<std::int64_t>(offset, 1) || (t_ - offset) % o_.inner_steps != 0) continue;
       const auto [begin, end] = mine(p);
-      flight f{p, t_ + o_.overlap, buffer<float, space>(end - begin, mem_category::communication), {}};
+      flight f{p, t_ + o_.overlap, space_span<float, space>(deltas_[static_cast<std::size_t>(p)].data(), end - begin), {}};
       gather(begin, end, f.delta.data());
       engine<space>::pseudo_gradient(*across_, f.delta.data(), global_.data() + begin, end - begin);
       engine<space>::mark(*across_, read.emplace());  // before the all-reduce: waiting for it leaves that in flight
-      f.request.emplace(across_->all_reduce_async(space_span<float, space>(f.delta.data(), f.delta.size()), reduce_op::avg));
+      f.request.emplace(across_->all_reduce_async(f.delta, reduce_op::avg));
       flights_.push_back(std::move(f));
     }
     // The next inner step may write the parameters as soon as this returns: their reading must
@@ -229,7 +249,7 @@ class diloco {
   struct flight {
     int fragment;
     std::int64_t apply_at;
-    buffer<float, space> delta;  // this rank's part of the fragment (one outer step per H inner ones)
+    space_span<float, space> delta;  // this rank's part of the fragment, in deltas_ (one outer step per H inner ones)
     std::optional<request_type> request;
   };
 
@@ -259,10 +279,10 @@ class diloco {
       // across communicator's stream, the gather runs on inside's: on a device, wait for it.
       if constexpr (!space::host_accessible) across_->synchronize();
       const std::size_t chunk = chunk_of(f.fragment), k = static_cast<std::size_t>(inside_->size());
-      buffer<float, space> part(chunk, mem_category::communication), all(chunk * k, mem_category::communication);
+      space_span<float, space> part(part_.data(), chunk), all(all_.data(), chunk * k);
       engine<space>::fill_zero(*inside_, part.data(), chunk);
       engine<space>::copy(*inside_, part.data(), global_.data() + lo, hi - lo);
-      inside_->all_gather(part, all);
+      inside_->all_gather(space_span<const float, space>(part), all);
       engine<space>::copy(*inside_, global_.data() + begin, all.data(), n);
       if constexpr (!space::host_accessible) inside_->synchronize();
     }
@@ -270,10 +290,9 @@ class diloco {
       scatter(begin, end, global_.data() + begin);
       return;
     }
-    buffer<float, space> local(n, mem_category::communication);
-    gather(begin, end, local.data());
-    engine<space>::mix(*across_, local.data(), global_.data() + begin, o_.mixing, n);
-    scatter(begin, end, local.data());
+    gather(begin, end, local_.data());
+    engine<space>::mix(*across_, local_.data(), global_.data() + begin, o_.mixing, n);
+    scatter(begin, end, local_.data());
   }
 
   // Flat elements [begin, end) of the parameters out of, or into, the spans.
@@ -298,6 +317,8 @@ class diloco {
   std::vector<span_type> params_;
   diloco_options o_;
   buffer<float, space> global_, momentum_;
+  std::vector<buffer<float, space>> deltas_;  // per fragment: this rank's part of its pseudo-gradient
+  buffer<float, space> part_, all_, local_;   // a worker's gather of a new fragment; the mixing's copy
   std::vector<std::int64_t> outer_steps_;
   std::deque<flight> flights_;
   std::int64_t t_ = 0;
