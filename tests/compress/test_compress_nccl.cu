@@ -221,13 +221,15 @@ std::vector<float> train_onebit(Comm& comm) {
 }
 
 // A PowerSGD bucket: matrices compressed at ranks up to 5 (one of 300 rows, so that M^T P takes
-// three chunks and the QR's loops stride past a block), a vector and a 3 x 3 matrix sent whole,
-// padding between tensors and at the end.
+// three chunks and the QR's loops stride past a block; one of 300 columns, so that a warp's
+// lanes and Q's orthogonalisation stride past theirs; one all zero, every rank, for the
+// zero-norm paths), a vector and a 3 x 3 matrix always sent whole (at rank 5 "w2", "wide" and
+// "zero" too), padding between tensors and at the end.
 inline std::vector<compress::tensor_part> powersgd_parts() {
-  return {{"w1", 0, 40, 30}, {"b1", 1200, 30, 1}, {"w2", 1250, 37, 11}, {"w3", 1700, 64, 12}, {"tiny", 2500, 3, 3},
-          {"emb", 2600, 300, 20}};
+  return {{"w1", 0, 40, 30},     {"b1", 1200, 30, 1},    {"w2", 1250, 37, 11},   {"w3", 1700, 64, 12},
+          {"tiny", 2500, 3, 3},  {"emb", 2600, 300, 20}, {"wide", 8700, 8, 300}, {"zero", 11100, 20, 20}};
 }
-constexpr std::size_t powersgd_bucket = 8700;
+constexpr std::size_t powersgd_bucket = 11600;
 
 // Rank r's gradients in round k: smooth in [-1, 1], different on every rank and round.
 float smooth_input(int rank, int round, std::size_t i) {
@@ -249,7 +251,8 @@ std::vector<std::vector<float>> powersgd_rounds(Comm& comm, compress::powersgd_o
   for (int round = 0; round < 6; ++round) {
     std::vector<T> in(powersgd_bucket, T(0.0f));
     for (const auto& t : parts)
-      for (std::size_t e = 0; e < t.numel(); ++e) in[t.offset + e] = T(smooth_input(comm.rank(), round, t.offset + e));
+      if (t.name != "zero")
+        for (std::size_t e = 0; e < t.numel(); ++e) in[t.offset + e] = T(smooth_input(comm.rank(), round, t.offset + e));
     trident::copy(trident::space_span<const T, trident::host_space>(in.data(), in.size()), span);
     const auto ledger = trident::current_ledger();
     const auto before = ledger->allocations(trident::space_kind::cuda);
@@ -284,7 +287,7 @@ void check_powersgd(trident::nccl_comm& comm, compress::powersgd_options o, trid
       if (!(d <= worst)) worst = d;
       if (!(d <= tolerance)) ++beyond;
     }
-    INFO("round ", round, " (start_iter 2), rank ", o.rank, ", warm start ", o.warm_start, ", error feedback ", o.error_feedback,
+    INFO("round ", round, " (start_iter 2), PowerSGD rank ", o.rank, ", warm start ", o.warm_start, ", error feedback ", o.error_feedback,
          ", op ", static_cast<int>(op), ", ", sizeof(T), "-byte elements, rank ", comm.rank(), "/", comm.size(), ": largest difference ",
          worst, " x (1 + |x|) from the host's, ", beyond, " beyond ", tolerance);
     CHECK(beyond == 0);
@@ -296,7 +299,8 @@ void check_powersgd(trident::nccl_comm& comm, compress::powersgd_options o, trid
   })[static_cast<std::size_t>(comm.rank())];
   CHECK(std::fabs(got.back()[0] - plain.back()[0]) + std::fabs(got.back()[2700] - plain.back()[2700]) > 1e-4);
   for (std::size_t i = 1230; i < 1250; ++i) CHECK(got.back()[i] == 0.0f);
-  for (std::size_t i = 8600; i < powersgd_bucket; ++i) CHECK(got.back()[i] == 0.0f);
+  for (std::size_t i = 11500; i < powersgd_bucket; ++i) CHECK(got.back()[i] == 0.0f);
+  for (std::size_t i = 11100; i < 11500; ++i) CHECK(got.back()[i] == 0.0f);  // "zero" stays 0
   CHECK(allocations[2] > 0);
   for (std::size_t round = 3; round < allocations.size(); ++round) CHECK(allocations[round] == 0);
 }

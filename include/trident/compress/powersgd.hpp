@@ -224,6 +224,8 @@ class powersgd {
   struct bucket {
     std::int64_t iter = 0;
     std::vector<float> error, q;
+    std::vector<detail::powersgd_matrix> compressed;  // the layout error and q are for
+    std::vector<detail::powersgd_whole> whole;
     std::shared_ptr<void> device;  // on a device: the engine's buffers (error, Q, factors, tables)
   };
 
@@ -233,6 +235,14 @@ class powersgd {
     const bool avg = b.op == reduce_op::avg;
     const float ranks = static_cast<float>(comm.size());
     std::vector<float> m = detail::floats_of(b);
+    if (s.compressed != layout.compressed || s.whole != layout.whole) {
+      // A new layout of tensors (or the first compressed call): the error and Q of another
+      // layout would land on other elements; start afresh, as the device engine does.
+      s.compressed = layout.compressed;
+      s.whole = layout.whole;
+      s.error.clear();
+      s.q.clear();
+    }
     if (o_.error_feedback) {
       if (s.error.size() != m.size()) s.error.assign(m.size(), 0.0f);
       for (std::size_t i = 0; i < m.size(); ++i) m[i] += s.error[i];

@@ -18,11 +18,13 @@
 // tree); that is O(rows r^2) work with r^2 block-wide sums per matrix, fine for PowerSGD's small
 // ranks and slow for r in the hundreds.
 //
-// A bucket's buffers (its error, its Q, its factors, the scratch of one reduction, the table of
-// its tensors) are made at its first compressed reduction (mem_category::communication) and
-// kept: about two floats per bucket element (the error and the reduced values) plus the factors.
-// A warm step allocates nothing, reads nothing back and waits for nothing. A bucket whose layout
-// of tensors changes starts afresh (error 0, a new random start).
+// A bucket's buffers are made at its first compressed reduction (mem_category::communication)
+// and kept: two floats per bucket element (the error and the reduced values), a float per
+// element sent whole, P and Q (r (rows + cols) floats per matrix), M^T P's partial sums (r cols
+// doubles per 128 rows: about numel r / 16 bytes) and the QR's scratch (three doubles per
+// element of the larger of P and Q). A warm step allocates nothing, reads nothing back and waits
+// for nothing. A bucket whose layout of tensors changes starts afresh (error 0, a new random
+// start), as the host's does.
 //
 //   #include <trident/comm/nccl.hpp>
 //   #include <trident/compress/cuda/powersgd.cuh>
