@@ -25,9 +25,11 @@
 // stages synchronise their stream before handing a message to the executor (its contract), and
 // keep each micro-batch's activations until its backward.
 //
-// Not on the GPU yet (train_cuda says so when asked): sequence parallelism (the embedding and
-// head have no sequence-sharded GPU path), full recomputation, bf16/fp16, validation,
-// checkpoints and traces; pipeline stage counts other than 1, 2 and 4.
+// Validation runs chunk after chunk forward only (evaluate()), as the host's; checkpoints are
+// trident/checkpoint/zero.hpp's on the NCCL optimizer, with the data position, as the host's (a
+// run resumes from either). Not on the GPU yet (train_cuda says so when asked): sequence
+// parallelism (the embedding and head have no sequence-sharded GPU path), full recomputation,
+// bf16/fp16 and traces; pipeline stage counts other than 1, 2 and 4.
 //
 //   auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD);
 //   flagship::train_options o;  o.model = {...};  o.tensor = 2;  o.zero_stage = 3;
@@ -43,6 +45,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -408,7 +411,61 @@ class gpt_cuda_rank {
 
   //! The step's loss: the mean over its micro-batches, averaged over the data axis, from the
   //! ranks of the last chunk to every rank. Waits for it.
-  double loss() {
+  double loss() { return mean_loss(m_); }
+
+  //! Validation: one micro-batch of seq x batch tokens (a step_batches of one) into micro-batch
+  //! 0's place (after the step: the step's tokens are spent), the loss sum from 0.
+  void set_eval_batch(const step_batches& b) {
+    TRIDENT_EXPECT(b.inputs.size() == 1 && b.targets.size() == 1 && b.inputs[0].size() == n_ && b.targets[0].size() == n_,
+                   "gpt_cuda_rank: a validation batch is one micro-batch of seq x batch = ", n_, " tokens and targets");
+    trident::copy_async(ctx_, std::span<std::int32_t>(tokens_.data(), n_), std::span<const std::int32_t>(b.inputs[0]));
+    trident::copy_async(ctx_, std::span<std::int32_t>(targets_.data(), n_), std::span<const std::int32_t>(b.targets[0]));
+    TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), ctx_.stream()));
+  }
+  //! Forward only (validation) of chunk k on set_eval_batch's tokens, nothing kept for a
+  //! backward: this chunk's output (the last chunk: one unused float; its loss adds to the sum
+  //! eval_loss() reads). Returns with the output written (the stream synchronised).
+  message evaluate(int k, const message& x) {
+    auto& ch = chunk_of(k);
+    TRIDENT_EXPECT(ch.emb_layer >= 0 || x.size() == n_ * c_.hidden, "gpt chunk ", k, ": input of ", x.size(),
+                   " elements; expected ", n_ * c_.hidden);
+    message y(output_numel(k), trident::mem_category::activations);
+    run_forward(ch, 0, x.device_handle(), ch.final_layer >= 0 ? trident::device_span<float>{} : y.device_handle(), eval_key);
+    ctx_.synchronize();
+    auto node = ch.saved.extract(eval_key);
+    ch.pool.push_back(std::move(node.mapped()));  // its activations, for the next forward
+    return y;
+  }
+  //! The mean validation loss over `batches` evaluated micro-batches, averaged over the data
+  //! axis, on every rank. Waits for it.
+  double eval_loss(int batches) { return mean_loss(batches); }
+
+  //! Checkpoints of the whole grid's optimizer state (trident/checkpoint/zero.hpp; collective
+  //! over `world`), as gpt_rank's: save_checkpoint starts an asynchronous save (waiting for the
+  //! previous one), finish_saves waits for the last, load_checkpoint loads the newest good one
+  //! under `root` (saved in any layout, on the host or a GPU) and hands the last chunk its copy
+  //! of the tied embedding.
+  void save_checkpoint(comm_type& world, const std::filesystem::path& root, std::int64_t step,
+                       std::map<std::string, std::string> metadata, int keep) {
+    pending_save_ = trident::checkpoint::save_async(world, *z_, root, step, {.metadata = std::move(metadata), .keep = keep},
+                                                    std::move(pending_save_));
+  }
+  void finish_saves(comm_type& world) {
+    trident::checkpoint::detail::agreed(world, "gpt_cuda_rank::finish_saves", [&] { pending_save_.wait(); });
+  }
+  std::optional<trident::checkpoint::load_result> load_checkpoint(comm_type& world, const std::filesystem::path& root) {
+    auto r = trident::checkpoint::load_latest(world, *z_, root);
+    if (r) send_tied_embedding();
+    return r;
+  }
+
+ private:
+  // The activations' key of a forward-only pass (micro-batch keys are >= 0).
+  static constexpr int eval_key = -1;
+
+  // The loss sum (over `count` micro-batches) averaged over the data axis, from the ranks of the
+  // last chunk to every rank, divided by count.
+  double mean_loss(int count) {
     ctx_.hand_to(dp_->stream());
     dp_->all_reduce(trident::space_span<double, trident::cuda_space>(loss_sum_.data(), 1), trident::reduce_op::avg);
     ctx_.order_after(dp_->stream());
@@ -418,10 +475,9 @@ class gpt_cuda_rank {
     TRIDENT_CUDA_CHECK(cudaMemcpyAsync(&v, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, pipe_->stream()));
     TRIDENT_CUDA_CHECK(cudaStreamSynchronize(pipe_->stream()));
     ctx_.order_after(pipe_->stream());
-    return v / m_;
+    return v / count;
   }
 
- private:
   using device_span_c = trident::device_span<const float>;
   template <class T>
   using device_span = trident::device_span<T>;
@@ -497,9 +553,10 @@ class gpt_cuda_rank {
   device_span<float> head_gradient() { return chunks_ == 1 ? grad(wte_h_) : head_grad_.device_handle(); }
 
   // Forward of one chunk: `in` is its input (chunk 0: unused), `out` its output (the last
-  // chunk: unused; the loss goes to loss_sum_, its gradient into the saved logits).
-  void run_forward(chunk& ch, int mb, device_span_c in, device_span<float> out) {
-    auto& saved = ch.saved[mb];
+  // chunk: unused; the loss goes to loss_sum_, its gradient into the saved logits). The
+  // activations are kept under `key` (default: mb).
+  void run_forward(chunk& ch, int mb, device_span_c in, device_span<float> out, std::optional<int> key = std::nullopt) {
+    auto& saved = ch.saved[key.value_or(mb)];
     if (saved.blocks.empty()) saved = take(ch);
     const std::size_t h = c_.hidden;
     device_span_c cur = in;
@@ -649,6 +706,7 @@ class gpt_cuda_rank {
   device_buffer<float> x_, y_, d_out_, loss_;
   device_buffer<std::int32_t> tokens_, targets_;
   device_buffer<double> loss_sum_;
+  trident::checkpoint::pending_save pending_save_;  // the last asynchronous save (ends before z_ goes)
 };
 
 //! Chunk k of a gpt_cuda_rank as a pipeline stage (trident::pipeline::stage) with device messages.
@@ -716,13 +774,26 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   const auto schedule = flagship::detail::make_schedule(o.schedule, p, m, static_cast<int>(N) / p);
   const int slice = o.data_slice ? o.data_slice->first : grid.data().rank(), slices = o.data_slice ? o.data_slice->second : d;
   trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, slice, slices);
+  std::optional<trident::data::shard_loader> val;
+  if (o.eval_every > 0) {
+    TRIDENT_EXPECT(!o.val_files.empty(), "train_cuda: a validation loss every ", o.eval_every, " steps needs validation shards");
+    val.emplace(o.val_files, o.micro_batch, o.model.seq, grid.data().rank(), d);
+  }
   trident::data::token_batch scratch;
   step_batches batches;
-  const typename gpt_cuda_rank<Stage>::message unused(1, trident::mem_category::other);
+  using message = typename gpt_cuda_rank<Stage>::message;
+  const message unused(1, trident::mem_category::other);
   trident::buffer<std::int32_t, trident::cuda_space> bad_tokens(1, trident::mem_category::other);
   const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
+  long first = 1;
+  if (o.resume) {
+    if (const auto r = rank.load_checkpoint(world, o.checkpoint_dir)) {
+      first = r->step + 1;
+      flagship::detail::resume_data(train, r->metadata, r->step);
+    }
+  }
   std::vector<step_report> reports;
-  for (long s = 1; s <= o.steps; ++s) {
+  for (long s = first; s <= o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     batches = {};
     for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
@@ -746,9 +817,39 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
     rep.applied = result.applied;
     rep.tokens = tokens;
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (val && s % o.eval_every == 0) {
+      val->reset();
+      const int prank = grid.pipeline().rank();
+      for (int i = 0; i < o.eval_batches; ++i) {
+        step_batches one;
+        append_batch(*val, scratch, one);
+        rank.set_eval_batch(one);
+        // Forward only, chunk after chunk, as the host's loop: a rank runs its chunks in order
+        // and passes the activations on; each transfer is waited for (the data flows one way,
+        // so nothing waits in a cycle) before its buffer is used or dropped.
+        std::optional<message> x;
+        for (int k = 0; k < static_cast<int>(N); ++k) {
+          if (k % p != prank) continue;
+          if (k > 0 && (k - 1) % p != k % p) {
+            x.emplace(rank.input_numel(k), trident::mem_category::activations);
+            grid.pipeline().recv(*x, (k - 1) % p);
+            grid.pipeline().synchronize();
+          }
+          message y = rank.evaluate(k, x ? *x : unused);
+          if (k + 1 < static_cast<int>(N) && (k + 1) % p != k % p) {
+            grid.pipeline().send(std::as_const(y), (k + 1) % p);
+            grid.pipeline().synchronize();
+          }
+          x.emplace(std::move(y));
+        }
+      }
+      rep.val_loss = rank.eval_loss(o.eval_batches);
+    }
+    if (o.save_every > 0 && s % o.save_every == 0) rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train), o.keep_checkpoints);
     if (on_step) on_step(rep);
     reports.push_back(rep);
   }
+  if (o.save_every > 0) rank.finish_saves(world);
   return reports;
 }
 
@@ -778,9 +879,9 @@ inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const trai
                  "or 4");
   TRIDENT_EXPECT(!o.model.sequence_parallel && o.model.recompute != recompute_mode::full,
                  "train_cuda: sequence parallelism and full recomputation are not on the GPU path yet");
-  TRIDENT_EXPECT(o.eval_every <= 0 && o.trace_step <= 0 && o.save_every <= 0 && !o.resume,
-                 "train_cuda: validation, traces and checkpoints are not on the GPU path yet; expected eval_every, trace_step "
-                 "and save_every 0 and no resume");
+  TRIDENT_EXPECT(o.trace_step <= 0, "train_cuda: traces are not on the GPU path yet; expected trace_step 0 (the phases' NVTX "
+                 "ranges show in Nsight Systems)");
+  flagship::detail::check_run_options(o, "train_cuda");
   TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train_cuda: a world of ", world.size(),
                  " ranks is not d x t x p for t = ", o.tensor, " and p = ", o.pipeline, "; expected a multiple of ",
                  o.tensor * o.pipeline);
@@ -790,7 +891,9 @@ inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const trai
   const auto& c = o.model;
   flagship::detail::check_model(c, static_cast<std::size_t>(o.tensor), static_cast<std::size_t>(chunks), "train_cuda");
   {
-    const trident::data::shard_loader check(o.train_files, o.micro_batch, c.seq, 0, world.size() / (o.tensor * o.pipeline));
+    const int d = world.size() / (o.tensor * o.pipeline);
+    const trident::data::shard_loader check(o.train_files, o.micro_batch, c.seq, 0, d);
+    if (o.eval_every > 0 && !o.val_files.empty()) (void)trident::data::shard_loader(o.val_files, o.micro_batch, c.seq, 0, d);
   }
   trident::process_grid grid(world, o.tensor, o.pipeline);
   std::vector<step_report> out;

@@ -236,6 +236,23 @@ inline void resume_data(trident::data::shard_loader& train, const std::map<std::
   train.seek({shard, batch * tokens / mine});
 }
 
+// What a checkpoint records of the training data's position, for resume_data.
+inline std::map<std::string, std::string> data_position(const trident::data::shard_loader& train) {
+  const auto at = train.position();
+  return {{"data.shard", std::to_string(at.shard)},
+          {"data.batch", std::to_string(at.batch)},
+          {"data.global_tokens", std::to_string(train.global_tokens())}};
+}
+
+// The options of traces and checkpoints, checked by every rank alone. `who` starts the messages.
+inline void check_run_options(const train_options& o, const char* who) {
+  TRIDENT_EXPECT(o.trace_step <= 0 || !o.trace_file.empty(), who, ": a trace of step ", o.trace_step, " needs a trace_file");
+  TRIDENT_EXPECT((o.save_every <= 0 && !o.resume) || !o.checkpoint_dir.empty(), who, ": ",
+                 o.resume ? "resuming" : "saving checkpoints", " needs a checkpoint_dir");
+  TRIDENT_EXPECT(o.save_every >= 0 && o.keep_checkpoints >= 0, who, ": save_every ", o.save_every, ", keep_checkpoints ",
+                 o.keep_checkpoints, "; expected 0 (off / keep all) or more");
+}
+
 // The model's shapes against the grid: t tensor-parallel ranks, `chunks` pipeline stages
 // (checked by every rank alone, before anything collective). `who` starts the messages.
 inline void check_model(const gpt_config& c, std::size_t t, std::size_t chunks, const char* who) {
@@ -355,12 +372,7 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
     }
     if (o.save_every > 0 && s % o.save_every == 0) {
       const trident::trace_span span("checkpoint", "save (the copy to host memory)");
-      const auto at = train.position();
-      rank.save_checkpoint(o.checkpoint_dir, s,
-                           {{"data.shard", std::to_string(at.shard)},
-                            {"data.batch", std::to_string(at.batch)},
-                            {"data.global_tokens", std::to_string(train.global_tokens())}},
-                           o.keep_checkpoints);
+      rank.save_checkpoint(o.checkpoint_dir, s, data_position(train), o.keep_checkpoints);
     }
     if (on_step) on_step(rep);
     reports.push_back(rep);
@@ -416,11 +428,7 @@ std::vector<step_report> train(Comm& world, const train_options& o, const std::f
                  ", virtual_stages ", o.virtual_stages, "; expected all at least 1");
   TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train: a world of ", world.size(), " ranks is not d x t x p for t = ",
                  o.tensor, " and p = ", o.pipeline, "; expected a multiple of ", o.tensor * o.pipeline);
-  TRIDENT_EXPECT(o.trace_step <= 0 || !o.trace_file.empty(), "train: a trace of step ", o.trace_step, " needs a trace_file");
-  TRIDENT_EXPECT((o.save_every <= 0 && !o.resume) || !o.checkpoint_dir.empty(), "train: ",
-                 o.resume ? "resuming" : "saving checkpoints", " needs a checkpoint_dir");
-  TRIDENT_EXPECT(o.save_every >= 0 && o.keep_checkpoints >= 0, "train: save_every ", o.save_every, ", keep_checkpoints ",
-                 o.keep_checkpoints, "; expected 0 (off / keep all) or more");
+  detail::check_run_options(o, "train");
   TRIDENT_EXPECT(o.accumulation >= 1 && o.steps >= 0, "train: accumulation ", o.accumulation, ", steps ", o.steps,
                  "; expected at least 1 micro-batch per step and no negative step count");
   // Everything that can be checked alone is checked here, before the first collective, so that
