@@ -128,7 +128,7 @@ kjv=$build/data/kjv
 [[ -f ${kjv}_train.bin ]] || kjv=$root/build/data/kjv
 [[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship --backend nccl" \
   "grep -E '^ *step|loss .* ->' | tail -2" -- mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME \
-  "$build/examples/01_flagship/flagship" --backend nccl --share-gpu --tensor 1 --pipeline 2 --zero 1 --steps 40 --data "$kjv" --out "$logs/flagship"
+  "$build/examples/01_flagship/flagship" --backend nccl --share-gpu --tensor 1 --pipeline 2 --zero 1 --steps 40 --eval-every 20 --data "$kjv" --out "$logs/flagship"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 
