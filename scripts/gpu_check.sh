@@ -129,6 +129,14 @@ kjv=$build/data/kjv
 [[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship --backend nccl" \
   "grep -E '^ *step|loss .* ->' | tail -2" -- mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME \
   "$build/examples/01_flagship/flagship" --backend nccl --share-gpu --tensor 1 --pipeline 2 --zero 1 --steps 40 --eval-every 20 --data "$kjv" --out "$logs/flagship"
+# Its trace of step 2: a host track and a GPU track (the compute stream's phases) per rank.
+[[ -f $logs/flagship/trace.json ]] && step "example flagship trace" "cat" -- python3 -c '
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+tracks = [e["args"]["name"] for e in events if e.get("ph") == "M"]
+gpu = [e for e in events if e.get("cat") == "gpu"]
+print(len(tracks), "tracks,", len(gpu), "GPU spans")
+sys.exit(0 if len(tracks) == 4 and sum("GPU" in t for t in tracks) == 2 and gpu else 1)' "$logs/flagship/trace.json"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 

@@ -27,9 +27,10 @@
 //
 // Validation runs chunk after chunk forward only (evaluate()), as the host's; checkpoints are
 // trident/checkpoint/zero.hpp's on the NCCL optimizer, with the data position, as the host's (a
-// run resumes from either). Not on the GPU yet (train_cuda says so when asked): sequence
-// parallelism (the embedding and head have no sequence-sharded GPU path), full recomputation,
-// bf16/fp16 and traces; pipeline stage counts other than 1, 2 and 4.
+// run resumes from either). The trace of a step has the host's spans on one track per rank and
+// the compute stream's phases, timed by CUDA events, on another. Not on the GPU yet (train_cuda
+// says so when asked): sequence parallelism (the embedding and head have no sequence-sharded GPU
+// path), full recomputation and bf16/fp16; pipeline stage counts other than 1, 2 and 4.
 //
 //   auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD);
 //   flagship::train_options o;  o.model = {...};  o.tensor = 2;  o.zero_stage = 3;
@@ -130,7 +131,7 @@ class gpu_phases {
     end(stream);
     nvtxRangePushA(name);
     open_ = true;
-    if (enabled) {
+    if (enabled || timeline_) {
       marks_.push_back({name, event()});
       TRIDENT_CUDA_CHECK(cudaEventRecord(marks_.back().second, stream));
     }
@@ -140,7 +141,7 @@ class gpu_phases {
     if (!open_) return;
     nvtxRangePop();
     open_ = false;
-    if (enabled) {
+    if (enabled || timeline_) {
       marks_.push_back({nullptr, event()});
       TRIDENT_CUDA_CHECK(cudaEventRecord(marks_.back().second, stream));
     }
@@ -162,6 +163,36 @@ class gpu_phases {
   const std::vector<std::pair<std::string, double>>& totals() const noexcept { return totals_; }
   void reset() { totals_.clear(); }
 
+  //! A timeline of the phases from here (a trace of one step): waits for `stream`'s work, then
+  //! takes the host's clock and an event together as the common origin.
+  void start_timeline(cudaStream_t stream) {
+    collect();
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    origin_event_ = event();
+    TRIDENT_CUDA_CHECK(cudaEventRecord(origin_event_, stream));
+    TRIDENT_CUDA_CHECK(cudaEventSynchronize(origin_event_));
+    origin_ = std::chrono::steady_clock::now();
+    timeline_ = true;
+  }
+  //! The phases since start_timeline() as spans on the host's steady_clock (waits for them), and
+  //! the timeline off again.
+  std::vector<trident::trace_event> timeline() {
+    std::vector<trident::trace_event> out;
+    if (!timeline_) return out;
+    auto at = [&](cudaEvent_t e) {
+      TRIDENT_CUDA_CHECK(cudaEventSynchronize(e));
+      float ms = 0;
+      TRIDENT_CUDA_CHECK(cudaEventElapsedTime(&ms, origin_event_, e));
+      return origin_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    };
+    for (std::size_t i = 0; i + 1 < marks_.size(); ++i)
+      if (marks_[i].first != nullptr) out.push_back({marks_[i].first, "gpu", at(marks_[i].second), at(marks_[i + 1].second)});
+    collect();
+    free_.push_back(origin_event_);
+    timeline_ = false;
+    return out;
+  }
+
  private:
   cudaEvent_t event() {
     if (free_.empty()) {
@@ -175,7 +206,9 @@ class gpu_phases {
     return e;
   }
 
-  bool open_ = false;
+  bool open_ = false, timeline_ = false;
+  cudaEvent_t origin_event_ = nullptr;
+  std::chrono::steady_clock::time_point origin_{};
   std::vector<cudaEvent_t> events_, free_;
   std::vector<std::pair<const char*, cudaEvent_t>> marks_;  // name (nullptr: an end) and its event
   std::vector<std::pair<std::string, double>> totals_;
@@ -313,6 +346,9 @@ class gpt_cuda_rank {
   cublasHandle_t blas() const noexcept { return blas_.get(); }
   //! The phases of forward and backward (NVTX ranges; CUDA-event times when enabled).
   gpu_phases& phases() noexcept { return phases_; }
+  //! A timeline of the phases from here, for a trace (gpu_phases::start_timeline on the compute
+  //! stream); phases().timeline() returns it.
+  void start_timeline() { phases_.start_timeline(ctx_.stream()); }
 
   std::size_t input_numel(int k) const { return k == 0 ? 1 : n_ * c_.hidden; }
   std::size_t output_numel(int k) const { return k == chunks_ - 1 ? 1 : n_ * c_.hidden; }
@@ -413,14 +449,15 @@ class gpt_cuda_rank {
   //! ranks of the last chunk to every rank. Waits for it.
   double loss() { return mean_loss(m_); }
 
+  //! A validation pass begins: the loss sum from 0 (after the step: its loss is read).
+  void begin_eval() { TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), ctx_.stream())); }
   //! Validation: one micro-batch of seq x batch tokens (a step_batches of one) into micro-batch
-  //! 0's place (after the step: the step's tokens are spent), the loss sum from 0.
+  //! 0's place (after the step: the step's tokens are spent); its loss adds to the pass's sum.
   void set_eval_batch(const step_batches& b) {
     TRIDENT_EXPECT(b.inputs.size() == 1 && b.targets.size() == 1 && b.inputs[0].size() == n_ && b.targets[0].size() == n_,
                    "gpt_cuda_rank: a validation batch is one micro-batch of seq x batch = ", n_, " tokens and targets");
     trident::copy_async(ctx_, std::span<std::int32_t>(tokens_.data(), n_), std::span<const std::int32_t>(b.inputs[0]));
     trident::copy_async(ctx_, std::span<std::int32_t>(targets_.data(), n_), std::span<const std::int32_t>(b.targets[0]));
-    TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), ctx_.stream()));
   }
   //! Forward only (validation) of chunk k on set_eval_batch's tokens, nothing kept for a
   //! backward: this chunk's output (the last chunk: one unused float; its loss adds to the sum
@@ -785,6 +822,9 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   const message unused(1, trident::mem_category::other);
   trident::buffer<std::int32_t, trident::cuda_space> bad_tokens(1, trident::mem_category::other);
   const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
+  const auto coordinates = trident::detail::concat("rank ", world.rank(), " (d ", grid.coordinate(trident::grid_axis::data), ", t ",
+                                                   grid.coordinate(trident::grid_axis::tensor), ", p ",
+                                                   grid.coordinate(trident::grid_axis::pipeline), ")");
   long first = 1;
   if (o.resume) {
     if (const auto r = rank.load_checkpoint(world, o.checkpoint_dir)) {
@@ -794,10 +834,26 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   }
   std::vector<step_report> reports;
   for (long s = first; s <= o.steps; ++s) {
+    // The traced step: the host's spans (the library's: enqueueing collectives, the pipeline
+    // executor, the ZeRO step) on one track per rank, the compute stream's phases as the GPU ran
+    // them (CUDA events) on another.
+    std::optional<trident::trace_recorder> recorder, gpu_track;
+    std::optional<trident::scoped_trace> tracing;
+    if (s == o.trace_step) {
+      recorder.emplace(world.rank(), coordinates);
+      gpu_track.emplace(world.size() + world.rank(), coordinates + " GPU");
+      rank.start_timeline();
+      tracing.emplace(*recorder);
+    }
     const auto start = std::chrono::steady_clock::now();
-    batches = {};
-    for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
-    check_tokens(world, batches, o.model.vocab, s, bad_tokens);
+    std::optional<trident::trace_span> step_span;
+    step_span.emplace("step", [&] { return "step " + std::to_string(s); });
+    {
+      const trident::trace_span span("data", "load batches");
+      batches = {};
+      for (int i = 0; i < m; ++i) append_batch(train, scratch, batches);
+      check_tokens(world, batches, o.model.vocab, s, bad_tokens);
+    }
     if (N == 1) {
       rank.forward_backward(batches);  // no executor: nothing waits on the host until the step
     } else {
@@ -809,6 +865,7 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
       rank.finish_backward();
     }
     const auto result = rank.step();
+    step_span.reset();
     step_report rep;
     rep.step = s;
     rep.loss = rank.loss();
@@ -819,10 +876,12 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (val && s % o.eval_every == 0) {
       val->reset();
+      rank.begin_eval();
       const int prank = grid.pipeline().rank();
       for (int i = 0; i < o.eval_batches; ++i) {
         step_batches one;
         append_batch(*val, scratch, one);
+        check_tokens(world, one, o.model.vocab, s, bad_tokens);
         rank.set_eval_batch(one);
         // Forward only, chunk after chunk, as the host's loop: a rank runs its chunks in order
         // and passes the activations on; each transfer is waited for (the data flows one way,
@@ -844,6 +903,12 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
         }
       }
       rep.val_loss = rank.eval_loss(o.eval_batches);
+    }
+    if (recorder) {
+      tracing.reset();
+      for (auto& e : rank.phases().timeline()) gpu_track->record(std::move(e.name), e.category, e.begin, e.end);
+      const trident::trace_recorder* const tracks[] = {&*recorder, &*gpu_track};
+      flagship::detail::write_trace(world, std::span<const trident::trace_recorder* const>(tracks), o.trace_file);
     }
     if (o.save_every > 0 && s % o.save_every == 0) rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train), o.keep_checkpoints);
     if (on_step) on_step(rep);
@@ -879,8 +944,6 @@ inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const trai
                  "or 4");
   TRIDENT_EXPECT(!o.model.sequence_parallel && o.model.recompute != recompute_mode::full,
                  "train_cuda: sequence parallelism and full recomputation are not on the GPU path yet");
-  TRIDENT_EXPECT(o.trace_step <= 0, "train_cuda: traces are not on the GPU path yet; expected trace_step 0 (the phases' NVTX "
-                 "ranges show in Nsight Systems)");
   flagship::detail::check_run_options(o, "train_cuda");
   TRIDENT_EXPECT(world.size() % (o.tensor * o.pipeline) == 0, "train_cuda: a world of ", world.size(),
                  " ranks is not d x t x p for t = ", o.tensor, " and p = ", o.pipeline, "; expected a multiple of ",

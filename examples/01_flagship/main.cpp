@@ -67,7 +67,7 @@ struct settings {
 constexpr const char* usage = R"(usage: flagship [options]
   --backend local|mpi|nccl   thread ranks of this process (default), MPI ranks (under mpirun), or
                          NCCL ranks on GPUs (under mpirun; one GPU per rank, fp32, 1, 2 or 4
-                         pipeline stages, no traces yet)
+                         pipeline stages)
   --share-gpu            nccl: every rank on GPU 0 (NCCL over sockets: for checking, not speed)
   --ranks N              thread ranks (default 4)
   --config FILE          a DeepSpeed config with a "trident" section (examples/01_flagship/configs);
@@ -430,8 +430,6 @@ int main(int argc, char** argv) {
       auto s = build(args, size);
       TRIDENT_EXPECT(s.precision == "fp32", "flagship: --precision ", s.precision, " with --backend nccl: the GPU path trains in "
                      "fp32 for now (bf16 and fp16 run on thread and MPI ranks)");
-      // What the GPU path does not have yet (traces) is off by default there, and an error if asked for.
-      if (option(args, "--trace-step", "").empty()) s.train.trace_step = 0;
       require_data(s);
       const bool share = std::any_of(args.begin(), args.end(), [](const auto& a) { return a.first == "--share-gpu"; });
       const int devices = trident::cuda_device_count();

@@ -11,8 +11,8 @@
 namespace flagship::cuda {
 
 //! Trains `o` on the GPUs of `world` (collective; the reports are the same on every rank). What
-//! the GPU path does not have yet (bf16/fp16, sequence parallelism, full recomputation, traces,
-//! stage counts other than 1, 2 and 4) is an error that names it (gpt_cuda.cuh).
+//! the GPU path does not have yet (bf16/fp16, sequence parallelism, full recomputation, stage
+//! counts other than 1, 2 and 4) is an error that names it (gpt_cuda.cuh).
 std::vector<step_report> train_on_gpus(trident::nccl_comm& world, const train_options& o,
                                        const std::function<void(const step_report&)>& on_step = {});
 

@@ -153,27 +153,58 @@ inline trident::pipeline::schedule make_schedule(const std::string& name, int p,
   return pp::interleaved_one_f_one_b(p, m, v);
 }
 
+// A collective on host values `v`, over a communicator of any memory space: a device one (NCCL)
+// gets them staged through its own memory, and waited for before they are read back.
+template <class Comm, class T, class F>
+void on_host_values(Comm& world, std::vector<T>& v, F&& collective) {
+  using space = typename Comm::space;
+  if constexpr (space::host_accessible) {
+    collective(trident::space_span<T, space>(v.data(), v.size()));
+  } else {
+    trident::buffer<T, space> staged(v.empty() ? 1 : v.size(), trident::mem_category::communication);
+    if (!v.empty()) trident::copy(std::span<const T>(v), staged);  // synchronous
+    collective(trident::space_span<T, space>(staged.data(), v.size()));
+    world.synchronize();
+    if (!v.empty()) trident::copy(staged, std::span<T>(v));
+  }
+}
+
 // Every rank's spans of one step into one Chrome trace on world rank 0: times from the earliest
 // span of any rank (steady_clock is shared by the threads and the processes of one machine),
-// each rank's events sent to rank 0 as text.
+// each rank's events (one track per recorder) sent to rank 0 as text.
 template <class Comm>
-void write_trace(Comm& world, const trident::trace_recorder& rec, const std::string& path) {
+void write_trace(Comm& world, std::span<const trident::trace_recorder* const> recs, const std::string& path) {
   using namespace std::chrono;
-  std::vector<std::int64_t> origin{trident::earliest(rec).time_since_epoch().count()};
-  world.all_reduce(origin, trident::reduce_op::min);
-  const std::string mine = trident::chrome_trace_events(rec, steady_clock::time_point(steady_clock::duration(origin[0])));
+  auto first = steady_clock::time_point::max();
+  for (const auto* r : recs) first = std::min(first, trident::earliest(*r));
+  std::vector<std::int64_t> origin{first.time_since_epoch().count()};
+  on_host_values(world, origin, [&](auto s) { world.all_reduce(s, trident::reduce_op::min); });
+  std::string mine;
+  for (const auto* r : recs) {
+    if (!mine.empty()) mine += ",\n";
+    mine += trident::chrome_trace_events(*r, steady_clock::time_point(steady_clock::duration(origin[0])));
+  }
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(world.size()));
-  const std::vector<std::uint64_t> size{mine.size()};
-  world.all_gather(size, sizes);
+  std::vector<std::uint64_t> size{mine.size()};
+  using space = typename Comm::space;
+  if constexpr (space::host_accessible) {
+    world.all_gather(size, sizes);
+  } else {
+    trident::buffer<std::uint64_t, space> one(1, trident::mem_category::communication), all(sizes.size(), trident::mem_category::communication);
+    trident::copy(std::span<const std::uint64_t>(size), one);
+    world.all_gather(one, all);
+    world.synchronize();
+    trident::copy(all, std::span<std::uint64_t>(sizes));
+  }
   if (world.rank() != 0) {
     std::vector<std::uint8_t> bytes(mine.begin(), mine.end());
-    world.send(bytes, 0);
+    on_host_values(world, bytes, [&](auto s) { world.send(trident::space_span<const std::uint8_t, space>(s), 0); });
     return;
   }
   std::vector<std::string> lists{mine};
   for (int r = 1; r < world.size(); ++r) {
     std::vector<std::uint8_t> bytes(sizes[static_cast<std::size_t>(r)]);
-    world.recv(bytes, r);
+    on_host_values(world, bytes, [&](auto s) { world.recv(s, r); });
     lists.emplace_back(bytes.begin(), bytes.end());
   }
   std::ofstream f(path);
@@ -349,6 +380,7 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       for (int i = 0; i < o.eval_batches; ++i) {
         step_batches one;
         append_batch(*val, scratch, one);
+        check_tokens(world, one, o.model.vocab, s);  // a bad validation shard: the same error on every rank
         rank.set_batches(&one);
         // Forward only, stage after stage: each rank runs its chunks in order and passes the
         // activations on (blocking: the data flows one way, so nothing waits in a cycle).
@@ -368,7 +400,8 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
     }
     if (recorder) {
       tracing.reset();
-      write_trace(world, *recorder, o.trace_file);
+      const trident::trace_recorder* const tracks[] = {&*recorder};
+      write_trace(world, std::span<const trident::trace_recorder* const>(tracks), o.trace_file);
     }
     if (o.save_every > 0 && s % o.save_every == 0) {
       const trident::trace_span span("checkpoint", "save (the copy to host memory)");
