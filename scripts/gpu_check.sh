@@ -126,17 +126,26 @@ done
 # The flagship's command line on the GPU (the KJV shards: staged with the binaries, or made here)
 kjv=$build/data/kjv
 [[ -f ${kjv}_train.bin ]] || kjv=$root/build/data/kjv
+rm -f "$logs/flagship/trace.json"  # the check below reads this run's trace, not an old one
 [[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship --backend nccl" \
   "grep -E '^ *step|loss .* ->' | tail -2" -- mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME \
   "$build/examples/01_flagship/flagship" --backend nccl --share-gpu --tensor 1 --pipeline 2 --zero 1 --steps 40 --eval-every 20 --data "$kjv" --out "$logs/flagship"
-# Its trace of step 2: a host track and a GPU track (the compute stream's phases) per rank.
-[[ -f $logs/flagship/trace.json ]] && step "example flagship trace" "cat" -- python3 -c '
+# Its trace of step 2: per rank a host track and a GPU track (the compute stream's phases),
+# every GPU span after its rank's host "step 2" began (the GPU runs what the host enqueued).
+[[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship trace" "cat" -- python3 -c '
 import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]
-tracks = [e["args"]["name"] for e in events if e.get("ph") == "M"]
-gpu = [e for e in events if e.get("cat") == "gpu"]
-print(len(tracks), "tracks,", len(gpu), "GPU spans")
-sys.exit(0 if len(tracks) == 4 and sum("GPU" in t for t in tracks) == 2 and gpu else 1)' "$logs/flagship/trace.json"
+names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+gpu_tids = [t for t, n in names.items() if n.endswith(" GPU")]
+ok = len(names) == 4 and len(gpu_tids) == 2
+for t in gpu_tids:
+    host = [k for k, n in names.items() if n == names[t][:-4]]
+    steps = [e for e in events if host and e.get("tid") == host[0] and e.get("name") == "step 2"]
+    spans = [e for e in events if e.get("tid") == t and e.get("cat") == "gpu"]
+    late = bool(steps) and all(e["ts"] >= steps[0]["ts"] - 50 for e in spans)
+    print(names[t] + ":", len(spans), "GPU spans, after the host step began:", late)
+    ok = ok and bool(spans) and late
+sys.exit(0 if ok else 1)' "$logs/flagship/trace.json"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 
