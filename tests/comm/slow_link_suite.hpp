@@ -47,7 +47,8 @@ std::uint64_t sum_over_ranks(Net& net, std::uint64_t mine) {
 //! Bytes sent, per rank and over the slow link, are the algorithm's: ring 2(n-1) chunks per
 //! rank, two of the ring's edges crossing; direct 2(n-1) chunks per rank, those to the other
 //! cluster crossing; the hierarchical scheme sends 1/k of the data per rank across, so 2N bytes
-//! cross in all, 1/k of flat direct's and k/(2k-1) of flat ring's. Results equal the backend's.
+//! cross in all, 1/k of flat direct's and k/(2k-1) of flat ring's; with the ranks placed
+//! round-robin over the clusters, 1/(2k-1) of flat ring's. Results equal the backend's.
 template <class W>
 void wire_bytes(W& world) {
   const int n = world.size();
@@ -94,6 +95,36 @@ void wire_bytes(W& world) {
   INFO("across the slow link: hierarchical ", across, " B, flat direct ", flat_direct, " B, flat ring ", flat_ring, " B");
   CHECK(across * static_cast<std::uint64_t>(k) == flat_direct);
   CHECK(across * static_cast<std::uint64_t>(2 * k - 1) == flat_ring * static_cast<std::uint64_t>(k));
+
+  // Ranks placed round-robin over the two clusters (mpirun --map-by node's default placement):
+  // every edge of the flat ring crosses, 2(2k-1)N bytes, so the hierarchical all-reduce (over the
+  // same map: its levels follow the clusters, not the rank order) sends 1/(2k-1) of the flat
+  // ring's bytes across, within 1/k; and 1/k of flat direct's again.
+  cluster_map alternating{std::vector<int>(static_cast<std::size_t>(n)), {}, {.latency = 0.05, .bandwidth = 1e6}};
+  for (int r = 0; r < n; ++r) alternating.cluster_of[static_cast<std::size_t>(r)] = r % 2;
+  std::uint64_t alt_ring = 0, alt_direct = 0;
+  for (wire_algorithm a : {wire_algorithm::ring, wire_algorithm::direct}) {
+    INFO(n, " ranks round-robin over 2 clusters, ", name_of(a));
+    auto flat = wrap(world, alternating, {.algorithm = a});
+    auto x = input(world.rank(), count);
+    flat.all_reduce(x);
+    CHECK(x == expected);
+    (a == wire_algorithm::ring ? alt_ring : alt_direct) = sum_over_ranks(flat, flat.wire().across.bytes);
+  }
+  CHECK(alt_ring == static_cast<std::uint64_t>(n) * 2 * static_cast<std::uint64_t>(n - 1) * chunk);  // every edge crosses
+  auto rr = wrap(world, alternating);
+  trident::hierarchical_all_reduce<decltype(rr)> hr(rr, alternating.cluster_of);
+  rr.reset_wire();
+  auto y = input(world.rank(), count);
+  hr(y);
+  CHECK(y == expected);
+  const std::uint64_t rr_across = sum_over_ranks(rr, rr.wire().across.bytes);
+  INFO("round-robin placement, across the slow link: hierarchical ", rr_across, " B, flat ring ", alt_ring, " B, flat direct ",
+       alt_direct, " B");
+  CHECK(rr_across == 2 * bytes);
+  CHECK(rr_across * static_cast<std::uint64_t>(2 * k - 1) == alt_ring);
+  CHECK(rr_across * static_cast<std::uint64_t>(k) <= alt_ring);
+  CHECK(rr_across * static_cast<std::uint64_t>(k) == alt_direct);
 }
 
 //! The hierarchical all-reduce equals all_reduce on the plain backend: equal clusters (sizes
