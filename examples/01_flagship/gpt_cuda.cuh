@@ -175,7 +175,7 @@ class gpu_phases {
     timeline_ = true;
   }
   //! The phases since start_timeline() as spans on the host's steady_clock (waits for them), and
-  //! the timeline off again.
+  //! the timeline off again. A collect() in between takes the marks into totals() instead.
   std::vector<trident::trace_event> timeline() {
     std::vector<trident::trace_event> out;
     if (!timeline_) return out;
@@ -187,7 +187,12 @@ class gpu_phases {
     };
     for (std::size_t i = 0; i + 1 < marks_.size(); ++i)
       if (marks_[i].first != nullptr) out.push_back({marks_[i].first, "gpu", at(marks_[i].second), at(marks_[i + 1].second)});
-    collect();
+    if (enabled) {
+      collect();  // the step's times count in totals() too
+    } else {
+      for (const auto& m : marks_) free_.push_back(m.second);  // every one waited for above
+      marks_.clear();
+    }
     free_.push_back(origin_event_);
     timeline_ = false;
     return out;
@@ -774,7 +779,7 @@ namespace detail {
 // world, in `flag`: device memory made once per run, not per step), so that all of them throw
 // at the same step.
 inline void check_tokens(trident::nccl_comm& world, const step_batches& b, std::size_t vocab, long step,
-                         trident::buffer<std::int32_t, trident::cuda_space>& flag) {
+                         trident::buffer<std::int32_t, trident::cuda_space>& flag, const char* what = "micro-batch") {
   std::int32_t bad = 0;
   for (const auto* lists : {&b.inputs, &b.targets})
     for (const auto& list : *lists)
@@ -785,7 +790,8 @@ inline void check_tokens(trident::nccl_comm& world, const step_batches& b, std::
   const auto any = trident::to_vector(flag)[0];
   if (any != 0)
     throw trident::usage_error(trident::detail::concat("train_cuda: step ", step, ": ", bad ? "this rank" : "another rank",
-                                                       " read a token outside the vocabulary [0, ", vocab, ") (rank ", world.rank(), ")"));
+                                                       " read a token outside the vocabulary [0, ", vocab, ") in a ", what, " (rank ",
+                                                       world.rank(), ")"));
 }
 
 template <class F>
@@ -881,7 +887,7 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
       for (int i = 0; i < o.eval_batches; ++i) {
         step_batches one;
         append_batch(*val, scratch, one);
-        check_tokens(world, one, o.model.vocab, s, bad_tokens);
+        check_tokens(world, one, o.model.vocab, s, bad_tokens, "validation batch");
         rank.set_eval_batch(one);
         // Forward only, chunk after chunk, as the host's loop: a rank runs its chunks in order
         // and passes the activations on; each transfer is waited for (the data flows one way,
@@ -904,13 +910,16 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
       }
       rep.val_loss = rank.eval_loss(o.eval_batches);
     }
+    if (o.save_every > 0 && s % o.save_every == 0) {
+      const trident::trace_span span("checkpoint", "save (the copy to host memory)");  // in the traced step's trace
+      rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train), o.keep_checkpoints);
+    }
     if (recorder) {
       tracing.reset();
       for (auto& e : rank.phases().timeline()) gpu_track->record(std::move(e.name), e.category, e.begin, e.end);
       const trident::trace_recorder* const tracks[] = {&*recorder, &*gpu_track};
       flagship::detail::write_trace(world, std::span<const trident::trace_recorder* const>(tracks), o.trace_file);
     }
-    if (o.save_every > 0 && s % o.save_every == 0) rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train), o.keep_checkpoints);
     if (on_step) on_step(rep);
     reports.push_back(rep);
   }

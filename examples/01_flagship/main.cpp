@@ -387,7 +387,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   flagship::write_loss_svg(svg, reports, title);
   std::printf("loss %.4f -> %.4f over steps %ld-%ld; curve in %s and %s", reports.front().loss, reports.back().loss,
               reports.front().step, reports.back().step, csv.c_str(), svg.c_str());
-  if (o.trace_step >= 1 && o.trace_step <= o.steps)
+  if (o.trace_step >= reports.front().step && o.trace_step <= o.steps)  // a resumed run may start past it
     std::printf("; step %ld's timeline in %s (open it in https://ui.perfetto.dev)", o.trace_step, o.trace_file.c_str());
   std::printf("\n");
 }

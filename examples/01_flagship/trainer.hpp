@@ -216,8 +216,9 @@ void write_trace(Comm& world, std::span<const trident::trace_recorder* const> re
 // Tokens outside the vocabulary end the run on every rank together, at the same point, with the
 // first offender's place: a rank that threw alone would abort its peers in the middle of their
 // own collectives (one tiny all-reduce over the world per step).
+// `what` names the batches in the message ("micro-batch", or "validation batch").
 template <class Comm>
-void check_tokens(Comm& world, const step_batches& b, std::size_t vocab, long step) {
+void check_tokens(Comm& world, const step_batches& b, std::size_t vocab, long step, const char* what = "micro-batch") {
   std::int64_t bad = -1;
   std::size_t where = 0, which = 0;
   for (std::size_t i = 0; i < b.inputs.size() && bad < 0; ++i)
@@ -232,10 +233,10 @@ void check_tokens(Comm& world, const step_batches& b, std::size_t vocab, long st
   world.all_reduce(first, trident::reduce_op::min);
   if (first[0] == world.size()) return;
   if (world.rank() == first[0])
-    throw trident::usage_error(trident::detail::concat("train: step ", step, ", micro-batch ", which, ": token ", bad, " at position ",
+    throw trident::usage_error(trident::detail::concat("train: step ", step, ", ", what, " ", which, ": token ", bad, " at position ",
                                                        where, " is outside the vocabulary [0, ", vocab, ") (rank ", world.rank(), ")"));
-  throw trident::usage_error(trident::detail::concat("train: step ", step, ": rank ", first[0],
-                                                     " read a token outside the vocabulary [0, ", vocab, ")"));
+  throw trident::usage_error(trident::detail::concat("train: step ", step, ": rank ", first[0], " read a token outside the vocabulary [0, ",
+                                                     vocab, ") in a ", what));
 }
 
 // The value that the rank of the last stage holds, averaged over the data axis and given to
@@ -380,7 +381,7 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       for (int i = 0; i < o.eval_batches; ++i) {
         step_batches one;
         append_batch(*val, scratch, one);
-        check_tokens(world, one, o.model.vocab, s);  // a bad validation shard: the same error on every rank
+        check_tokens(world, one, o.model.vocab, s, "validation batch");  // the same error on every rank
         rank.set_batches(&one);
         // Forward only, stage after stage: each rank runs its chunks in order and passes the
         // activations on (blocking: the data flows one way, so nothing waits in a cycle).
@@ -398,14 +399,14 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       }
       rep.val_loss = share_from_last_stage(grid, last ? vsum / o.eval_batches : 0.0, last);
     }
+    if (o.save_every > 0 && s % o.save_every == 0) {
+      const trident::trace_span span("checkpoint", "save (the copy to host memory)");  // in the traced step's trace
+      rank.save_checkpoint(o.checkpoint_dir, s, data_position(train), o.keep_checkpoints);
+    }
     if (recorder) {
       tracing.reset();
       const trident::trace_recorder* const tracks[] = {&*recorder};
       write_trace(world, std::span<const trident::trace_recorder* const>(tracks), o.trace_file);
-    }
-    if (o.save_every > 0 && s % o.save_every == 0) {
-      const trident::trace_span span("checkpoint", "save (the copy to host memory)");
-      rank.save_checkpoint(o.checkpoint_dir, s, data_position(train), o.keep_checkpoints);
     }
     if (on_step) on_step(rep);
     reports.push_back(rep);

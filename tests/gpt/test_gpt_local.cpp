@@ -74,14 +74,17 @@ TEST_CASE("gpt: selective and full recomputation train bitwise as keeping every 
   }
 }
 
-TEST_CASE("gpt: a step's Chrome trace shows every rank's forward, backward, communication and ZeRO step (threads)") {
+TEST_CASE("gpt: a step's Chrome trace shows every rank's forward, backward, communication, ZeRO step and checkpoint save (threads)") {
   auto o = gpt_suite::small_options();
   o.tensor = 2;
   o.pipeline = 2;
   o.steps = 3;
   o.trace_step = 2;
   o.trace_file = (std::filesystem::temp_directory_path() / ("trident_gpt_trace_" + std::to_string(::getpid()) + ".json")).string();
+  o.save_every = 2;  // the traced step saves a checkpoint: its span is in the trace
+  o.checkpoint_dir = (std::filesystem::temp_directory_path() / ("trident_gpt_trace_ckpt_" + std::to_string(::getpid()))).string();
   local_world::run(8, [&](local_comm& world) { (void)flagship::train(world, o); });
+  std::filesystem::remove_all(o.checkpoint_dir);
   std::ifstream f(o.trace_file);
   REQUIRE(f.good());
   const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -101,6 +104,7 @@ TEST_CASE("gpt: a step's Chrome trace shows every rank's forward, backward, comm
     CHECK(has(r, "comm", "all_reduce"));  // the tensor-parallel layers' g
     CHECK(has(r, "comm", "wait for stage messages"));
     CHECK(has(r, "optimizer", "ZeRO step"));
+    CHECK(has(r, "checkpoint", "save (the copy to host memory)"));
     CHECK_FALSE(has(r, "step", "step 1"));  // one step only
   }
 }
@@ -188,5 +192,13 @@ TEST_CASE("gpt: bad input is an error that names what was expected, on every ran
     bad.model.vocab = 16;
     const auto e = failure(bad);
     CHECK_MESSAGE(e.find("outside the vocabulary [0, 16)") != std::string::npos, e);
+  }
+  {
+    auto bad = o;  // a validation shard of a larger vocabulary: named as such, on every rank
+    bad.eval_every = 1;
+    bad.val_files = {gpt_suite::synthetic_shard("val_vocab64", 4000, 64, 3)};
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("outside the vocabulary [0, 32)") != std::string::npos, e);
+    CHECK_MESSAGE(e.find("validation batch") != std::string::npos, e);
   }
 }
