@@ -143,29 +143,38 @@ std::vector<T> onebit_input(int rank, int round) {
   return v;
 }
 
+// `rounds` rounds of one bucket through `reducer` (round k's input: input(k), the bucket's
+// size), this rank's bucket after each, as floats; with `allocations`, the device allocations
+// each round made (the ledger's count).
+template <class T, class Comm, class Reducer, class Input>
+std::vector<std::vector<float>> reduce_rounds(Comm& comm, Reducer& reducer, const std::vector<compress::tensor_part>& parts,
+                                              trident::reduce_op op, int rounds, Input input,
+                                              std::vector<std::size_t>* allocations = nullptr) {
+  using space = typename Comm::space;
+  std::vector<std::vector<float>> out;
+  trident::buffer<T, space> data;
+  for (int round = 0; round < rounds; ++round) {
+    const std::vector<T> in = input(round);
+    if (data.size() != in.size()) data = trident::buffer<T, space>(in.size());  // once: the bucket keeps its size
+    const trident::space_span<T, space> span(data.data(), data.size());
+    trident::copy(trident::space_span<const T, trident::host_space>(in.data(), in.size()), span);
+    const auto ledger = trident::current_ledger();
+    const auto before = ledger->allocations(trident::space_kind::cuda);
+    reducer.all_reduce(comm, compress::bucket_view<T, space>{0, span, parts, op, round + 1});
+    if (allocations != nullptr) allocations->push_back(ledger->allocations(trident::space_kind::cuda) - before);
+    comm.synchronize();
+    std::vector<T> back(in.size());
+    trident::copy(trident::space_span<const T, space>(span), trident::space_span<T, trident::host_space>(back.data(), back.size()));
+    out.emplace_back(back.begin(), back.end());
+  }
+  return out;
+}
+
 // Five rounds of one bucket through onebit (warm-up 2), this rank's bucket after each, as floats.
 template <class T, class Comm>
 std::vector<std::vector<float>> onebit_rounds(Comm& comm, compress::onebit_options o, trident::reduce_op op) {
   compress::onebit reducer(o);
-  const auto parts = onebit_parts();
-  std::vector<std::vector<float>> out;
-  using space = typename Comm::space;
-  trident::buffer<T, space> data(onebit_bucket);
-  for (int round = 0; round < 5; ++round) {
-    const auto in = onebit_input<T>(comm.rank(), round);
-    trident::copy(trident::space_span<const T, trident::host_space>(in.data(), in.size()),
-                  trident::space_span<T, space>(data.data(), data.size()));
-    reducer.all_reduce(comm, compress::bucket_view<T, space>{0, trident::space_span<T, space>(data.data(), data.size()), parts, op,
-                                                             round + 1});
-    comm.synchronize();
-    std::vector<T> back(onebit_bucket);
-    trident::copy(trident::space_span<const T, space>(data.data(), data.size()),
-                  trident::space_span<T, trident::host_space>(back.data(), back.size()));
-    std::vector<float> f(back.size());
-    for (std::size_t i = 0; i < back.size(); ++i) f[i] = static_cast<float>(back[i]);
-    out.push_back(std::move(f));
-  }
-  return out;
+  return reduce_rounds<T>(comm, reducer, onebit_parts(), op, 5, [&](int round) { return onebit_input<T>(comm.rank(), round); });
 }
 
 template <class T>
@@ -237,36 +246,21 @@ float smooth_input(int rank, int round, std::size_t i) {
   return static_cast<float>(h % 200003u) / 100001.5f - 1.0f;
 }
 
-// Six rounds of one bucket through powersgd, this rank's bucket after each; the
-// device's allocations made by each round (ledger count) in `allocations`.
+// Six rounds of one bucket through powersgd, this rank's bucket after each; the device's
+// allocations made by each round (ledger count) in `allocations`.
 template <class T, class Comm>
 std::vector<std::vector<float>> powersgd_rounds(Comm& comm, compress::powersgd_options o, trident::reduce_op op,
                                                 std::vector<std::size_t>* allocations = nullptr) {
   compress::powersgd reducer(o);
   const auto parts = powersgd_parts();
-  using space = typename Comm::space;
-  trident::buffer<T, space> data(powersgd_bucket);
-  const trident::space_span<T, space> span(data.data(), data.size());
-  std::vector<std::vector<float>> out;
-  for (int round = 0; round < 6; ++round) {
+  auto input = [&](int round) {
     std::vector<T> in(powersgd_bucket, T(0.0f));
     for (const auto& t : parts)
       if (t.name != "zero")
         for (std::size_t e = 0; e < t.numel(); ++e) in[t.offset + e] = T(smooth_input(comm.rank(), round, t.offset + e));
-    trident::copy(trident::space_span<const T, trident::host_space>(in.data(), in.size()), span);
-    const auto ledger = trident::current_ledger();
-    const auto before = ledger->allocations(trident::space_kind::cuda);
-    reducer.all_reduce(comm, compress::bucket_view<T, space>{0, span, parts, op, round + 1});
-    if (allocations != nullptr) allocations->push_back(ledger->allocations(trident::space_kind::cuda) - before);
-    comm.synchronize();
-    std::vector<T> back(powersgd_bucket);
-    trident::copy(trident::space_span<const T, space>(data.data(), data.size()),
-                  trident::space_span<T, trident::host_space>(back.data(), back.size()));
-    std::vector<float> f(back.size());
-    for (std::size_t i = 0; i < back.size(); ++i) f[i] = static_cast<float>(back[i]);
-    out.push_back(std::move(f));
-  }
-  return out;
+    return in;
+  };
+  return reduce_rounds<T>(comm, reducer, parts, op, 6, input, allocations);
 }
 
 template <class T>
