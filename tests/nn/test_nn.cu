@@ -1,9 +1,10 @@
 // The CUDA reference layers against the host ones on random data: cuBLAS GEMMs within float
-// tolerance of nn::gemm, LayerNorm, RMSNorm and causal attention within 1e-5, the bias gradient and the MSE gradient bitwise (same order, no FMA),
+// tolerance of nn::gemm (in TF32 math: of nn::gemm on TF32 operands), LayerNorm, RMSNorm, causal attention and the bias gradient within 1e-5, the MSE gradient bitwise (same order, no FMA),
 // activations within a few ulp (tanhf), losses within double-sum rounding; accumulation
 // semantics on the device; cuBLAS errors thrown as cublas_error. Skipped without a device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -77,6 +78,61 @@ TEST_CASE("cuda::gemm matches nn::gemm for every op pair") {
   TRIDENT_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::gemm and gemm_strided_batched in tf32 math: tensor cores on TF32 operands, summed in float") {
+  nn::cublas_handle blas;
+  CHECK(blas.math() == nn::gemm_math::fp32);  // the default
+  // The host's product of the operands as they are, and of them rounded to TF32 (10 mantissa
+  // bits). On an H100 cuBLAS's TF32 product was 10x closer to the second than to the first
+  // (5.9e-4 against 5.8e-3 here; not closer still: the tensor cores' own summation).
+  auto product = [](const std::vector<float>& a, const std::vector<float>& b, std::size_t count, std::size_t m, std::size_t n,
+                    std::size_t k, auto round) {
+    std::vector<float> ra(a.size()), rb(b.size()), c(count * m * n, 0.0f);
+    for (std::size_t i = 0; i < a.size(); ++i) ra[i] = round(a[i]);
+    for (std::size_t i = 0; i < b.size(); ++i) rb[i] = round(b[i]);
+    for (std::size_t p = 0; p < count; ++p)
+      nn::gemm(nn::op::n, nn::op::n, m, n, k, 1.0f, ra.data() + p * m * k, k, rb.data() + p * k * n, n, 0.0f, c.data() + p * m * n, n);
+    return c;
+  };
+  const auto as_is = [](float v) { return v; };
+  const auto nearest = [](float v) {  // to TF32: round at bit 13 (ties away: a test's reference)
+    const auto bits = trident::detail::bit_cast<std::uint32_t>(v);
+    return trident::detail::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);
+  };
+  auto worst = [](const std::vector<float>& x, const std::vector<float>& y) {
+    double w = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) w = std::max(w, std::abs(static_cast<double>(x[i]) - y[i]));
+    return w;
+  };
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  const std::size_t count = 3, m = 64, n = 48, k = 320;
+  const auto a = random_vector(count * m * k, 4), b = random_vector(count * k * n, 5);
+  const auto exact = product(a, b, count, m, n, k, as_is), tf32 = product(a, b, count, m, n, k, nearest);
+  auto da = to_device(a), db = to_device(b);
+  for (const nn::gemm_math math : {nn::gemm_math::fp32, nn::gemm_math::tf32}) {
+    blas.set_math(math);
+    buffer<float, cuda_space> single(m * n), batched(count * m * n);
+    nn::cuda::gemm(blas, 0, nn::op::n, nn::op::n, m, n, k, 1.0f, da.data(), k, db.data(), n, 0.0f, single.data(), n);
+    nn::cuda::gemm_strided_batched(blas, 0, nn::op::n, nn::op::n, m, n, k, 1.0f, da.data(), k, m * k, db.data(), n, k * n, 0.0f,
+                                   batched.data(), n, m * n, count);
+    const auto one = trident::to_vector(single), all = trident::to_vector(batched);
+    const auto first = [&](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m * n)); };
+    MESSAGE(std::string(nn::name(math)), " math: largest difference from the exact product ", worst(all, exact),
+            ", from the TF32 operands' ", worst(all, tf32));
+    if (math == nn::gemm_math::fp32) {
+      CHECK(worst(one, first(exact)) <= 1e-4);
+      CHECK(worst(all, exact) <= 1e-4);
+    } else if (major >= 8) {  // TF32 tensor cores (before sm_80 cuBLAS computes this in FP32)
+      CHECK(worst(all, exact) > 1e-3);                          // the operands were rounded
+      CHECK(worst(all, tf32) < worst(all, exact) / 4);          // to TF32
+      CHECK(worst(one, first(tf32)) < worst(one, first(exact)) / 4);
+    }
+  }
+  // A raw handle is FP32 math; a cublas_handle carries its own.
+  CHECK(nn::blas_ref(blas.get()).math == nn::gemm_math::fp32);
+  CHECK(nn::blas_ref(blas).math == nn::gemm_math::tf32);
+}
+
 TEST_CASE("cuda::linear matches nn::linear, accumulating dW and db like the host") {
   nn::cublas_handle blas;
   cudaStream_t stream = nullptr;
@@ -102,7 +158,7 @@ TEST_CASE("cuda::linear matches nn::linear, accumulating dW and db like the host
   check_close(trident::to_vector(d_y), y, 2e-5, 1e-5, "y");
   check_close(trident::to_vector(d_dx), dx, 2e-5, 1e-5, "dx");
   check_close(trident::to_vector(d_dw), dw, 2e-5, 1e-5, "dW");
-  CHECK(trident::to_vector(d_db) == db);  // same order, no FMA: bitwise
+  check_close(trident::to_vector(d_db), db, 2e-5, 1e-5, "db");  // a double tree against the host's float row order
 
   // A second micro-batch accumulates again; no dx, no bias.
   fc.backward(blas, stream, batch, d_x.device_handle(), d_w.device_handle(), d_dy.device_handle(), {},

@@ -93,7 +93,7 @@ struct causal_attention {
   std::size_t out_size() const noexcept { return host().out_size(); }
   std::size_t probs_size() const noexcept { return host().probs_size(); }
 
-  void forward(cublasHandle_t blas, cudaStream_t stream, device_span<const float> qkv, device_span<float> out,
+  void forward(blas_ref blas, cudaStream_t stream, device_span<const float> qkv, device_span<float> out,
                device_span<float> probs) const {
     check("cuda::causal_attention::forward", qkv.size(), out.size(), probs.size());
     probabilities(blas, stream, qkv, probs);
@@ -104,7 +104,7 @@ struct causal_attention {
   }
 
   //! probs [batch, heads, seq, seq] from qkv: forward's softmax, bit for bit (forward calls it).
-  void probabilities(cublasHandle_t blas, cudaStream_t stream, device_span<const float> qkv, device_span<float> probs) const {
+  void probabilities(blas_ref blas, cudaStream_t stream, device_span<const float> qkv, device_span<float> probs) const {
     check("cuda::causal_attention::probabilities", qkv.size(), out_size(), probs.size());
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
     gemm_strided_batched(blas, stream, op::n, op::t, seq, seq, head_dim, scale, qkv.data(), qkv_stride(), 3 * head_dim,
@@ -115,7 +115,7 @@ struct causal_attention {
   }
 
   //! dqkv (overwritten) from dout, given forward's qkv and probs; ds is scratch of probs_size().
-  void backward(cublasHandle_t blas, cudaStream_t stream, device_span<const float> qkv, device_span<const float> probs,
+  void backward(blas_ref blas, cudaStream_t stream, device_span<const float> qkv, device_span<const float> probs,
                 device_span<const float> dout, device_span<float> dqkv, device_span<float> ds) const {
     const char* who = "cuda::causal_attention::backward";
     check(who, qkv.size(), dout.size(), probs.size());

@@ -2,20 +2,23 @@
 //
 // Synopsis (only with TRIDENT_HAS_CUDA: link trident::cuda, or compile with nvcc)
 //   TRIDENT_CUBLAS_CHECK(call)             throws cublas_error naming the call when it fails
+//   enum class gemm_math { fp32, tf32 }    what a GEMM on float matrices computes in
 //   class cublas_handle;                   RAII cublasHandle_t: move-only, FP32 math (no TF32)
-//     get(), operator cublasHandle_t()
+//     get(), operator cublasHandle_t(), math(), set_math(gemm_math)
+//   struct blas_ref { handle; math; }      what the layers take: a handle and its GEMMs' math
+//                                          (from a cublas_handle: its math; a raw handle: fp32)
 //   namespace trident::nn::cuda
-//     void gemm(cublasHandle_t, cudaStream_t, op op_a, op op_b, m, n, k, float alpha,
+//     void gemm(blas_ref, cudaStream_t, op op_a, op op_b, m, n, k, float alpha,
 //               const float* a, lda, const float* b, ldb, float beta, float* c, ldc)
 //         row-major C[m, n] = alpha op(A) op(B) + beta C on the stream: nn::gemm's contract
-//     void gemm_strided_batched(handle, stream, op_a, op_b, m, n, k, alpha, a, lda, stride_a,
+//     void gemm_strided_batched(blas_ref, stream, op_a, op_b, m, n, k, alpha, a, lda, stride_a,
 //               b, ldb, stride_b, beta, c, ldc, stride_c, count)
 //         the same for `count` problems, the i-th at a + i stride_a, b + i stride_b, c + i stride_c
-//         (one cublasSgemmStridedBatched: attention's products over every (batch, head))
+//         (one strided batched cuBLAS call: attention's products over every (batch, head))
 //
 // Host code: this header needs the CUDA toolkit's headers and cuBLAS, not nvcc, so a plain C++
-// translation unit linking trident::cuda can use it; without CUDA it declares nothing (like
-// core/cuda_runtime.hpp). The kernels of the CUDA layers are in nn/cuda/layers.cuh (nvcc only).
+// translation unit linking trident::cuda can use it; without CUDA it declares gemm_math alone
+// (so that host options can name it) and nothing of cuBLAS. The kernels of the CUDA layers are in nn/cuda/layers.cuh (nvcc only).
 //
 // cuBLAS is column-major; a row-major matrix is its column-major transpose, so
 // C = op(A) op(B) (row-major) is computed as C^T = op(B)^T op(A)^T (column-major): the operands
@@ -23,9 +26,27 @@
 // runs in true FP32 (never TF32), and results are bitwise reproducible run to run on one GPU
 // model as long as a handle is used from one stream at a time (see cuBLAS "Results
 // reproducibility").
+//
+// Faster math is asked for, not defaulted: gemm_math::tf32 keeps float matrices in memory and
+// runs cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32, the operands rounded to TF32 on the
+// tensor cores and FP32 accumulation (PyTorch's allow_tf32). gemm_math::fp32 is plain
+// cublasSgemm. There is no bf16 math for float matrices: CUBLAS_COMPUTE_32F_FAST_16BF on them
+// gave an H100 TF32's results (the same errors to the last digit) at TF32's speed
+// (bench/RESULTS.md, 2026-11-26); bf16 tensor cores at their speed need bf16 operands in memory.
 #pragma once
 
 #include "trident/core/config.hpp"
+
+namespace trident::nn {
+
+//! What a GEMM on float matrices computes in: fp32 (cublasSgemm: FP32 products and sums) or
+//! tf32 (tensor cores on operands rounded to TF32, FP32 accumulation).
+enum class gemm_math { fp32, tf32 };
+
+//! The name of a gemm_math ("fp32", "tf32").
+inline const char* name(gemm_math m) noexcept { return m == gemm_math::tf32 ? "tf32" : "fp32"; }
+
+}  // namespace trident::nn
 
 #if TRIDENT_HAS_CUDA
 #include <cublas_v2.h>
@@ -66,6 +87,7 @@ namespace trident::nn {
 //!
 //!   trident::nn::cublas_handle blas;               // throws cublas_error without a usable GPU
 //!   trident::nn::cuda::gemm(blas, stream, op::n, op::t, m, n, k, 1, x, k, w, k, 0, y, n);
+//!   blas.set_math(trident::nn::gemm_math::tf32);   // later GEMMs through `blas` on TF32 tensor cores
 class cublas_handle {
  public:
   cublas_handle() {
@@ -76,11 +98,12 @@ class cublas_handle {
       TRIDENT_CUBLAS_CHECK(status);
     }
   }
-  cublas_handle(cublas_handle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  cublas_handle(cublas_handle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)), math_(other.math_) {}
   cublas_handle& operator=(cublas_handle&& other) noexcept {
     if (this != &other) {
       reset();
       handle_ = std::exchange(other.handle_, nullptr);
+      math_ = other.math_;
     }
     return *this;
   }
@@ -90,6 +113,9 @@ class cublas_handle {
 
   cublasHandle_t get() const noexcept { return handle_; }
   operator cublasHandle_t() const noexcept { return handle_; }
+  //! The math of the GEMMs run through this handle as a blas_ref (fp32 unless set).
+  gemm_math math() const noexcept { return math_; }
+  void set_math(gemm_math m) noexcept { math_ = m; }
 
  private:
   void reset() noexcept {
@@ -97,19 +123,35 @@ class cublas_handle {
     handle_ = nullptr;
   }
   cublasHandle_t handle_ = nullptr;
+  gemm_math math_ = gemm_math::fp32;
+};
+
+//! A cuBLAS handle and the math its GEMMs run in: what the CUDA layers take. A raw handle
+//! converts with fp32 math; a cublas_handle with its own.
+//!
+//!   layer.forward(blas, stream, ...);                                   // blas.math()
+//!   layer.forward(trident::nn::blas_ref{h, trident::nn::gemm_math::tf32}, stream, ...);
+struct blas_ref {
+  cublasHandle_t handle = nullptr;
+  gemm_math math = gemm_math::fp32;
+
+  blas_ref() = default;
+  blas_ref(cublasHandle_t h, gemm_math m = gemm_math::fp32) noexcept : handle(h), math(m) {}  // NOLINT: implicit by design
+  blas_ref(const cublas_handle& h) noexcept : handle(h.get()), math(h.math()) {}              // NOLINT: implicit by design
 };
 
 namespace cuda {
 
 //! Row-major C[m, n] = alpha op(A) op(B) + beta C with device pointers, enqueued on `stream`
 //! (the handle's stream is set to it). Same contract as trident::nn::gemm.
-inline void gemm(cublasHandle_t handle, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
+inline void gemm(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
                  std::size_t k, float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
                  float beta, float* c, std::size_t ldc) {
   constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
   TRIDENT_EXPECT(m <= limit && n <= limit && k <= limit && lda <= limit && ldb <= limit && ldc <= limit,
                  "nn::cuda::gemm: sizes beyond int range (", m, " x ", n, " x ", k, ") for cublasSgemm");
   if (m == 0 || n == 0) return;
+  const cublasHandle_t handle = blas.handle;
   TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
   if (k == 0) {  // cuBLAS rejects k == 0 with a leading dimension of 0; C = beta C by hand
@@ -124,15 +166,22 @@ inline void gemm(cublasHandle_t handle, cudaStream_t stream, op op_a, op op_b, s
     return;
   }
   const auto to_blas = [](op o) { return o == op::n ? CUBLAS_OP_N : CUBLAS_OP_T; };
-  TRIDENT_CUBLAS_CHECK(cublasSgemm(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
-                                   static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),
-                                   &beta, c, static_cast<int>(ldc)));
+  if (blas.math == gemm_math::fp32) {
+    TRIDENT_CUBLAS_CHECK(cublasSgemm(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
+                                     static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),
+                                     &beta, c, static_cast<int>(ldc)));
+  } else {
+    TRIDENT_CUBLAS_CHECK(cublasGemmEx(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
+                                      static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F,
+                                      static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+  }
 }
 
 //! `count` row-major GEMMs C_i = alpha op(A_i) op(B_i) + beta C_i, where X_i = x + i stride_x
 //! (elements), in one cublasSgemmStridedBatched on `stream`. The C_i must not overlap each other;
 //! they may interleave (attention writes each head's columns of rows shared by every head).
-inline void gemm_strided_batched(cublasHandle_t handle, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
+inline void gemm_strided_batched(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
                                  std::size_t k, float alpha, const float* a, std::size_t lda, std::size_t stride_a,
                                  const float* b, std::size_t ldb, std::size_t stride_b, float beta, float* c,
                                  std::size_t ldc, std::size_t stride_c, std::size_t count) {
@@ -142,14 +191,23 @@ inline void gemm_strided_batched(cublasHandle_t handle, cudaStream_t stream, op 
                  ") for cublasSgemmStridedBatched");
   if (m == 0 || n == 0 || count == 0) return;
   TRIDENT_EXPECT(k > 0, "nn::cuda::gemm_strided_batched: k = 0 (an empty inner dimension) is not supported, unlike gemm");
+  const cublasHandle_t handle = blas.handle;
   TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
   const auto to_blas = [](op o) { return o == op::n ? CUBLAS_OP_N : CUBLAS_OP_T; };
   // Row-major as column-major transposes (see the header comment): B and A swap places.
-  TRIDENT_CUBLAS_CHECK(cublasSgemmStridedBatched(
-      handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-      static_cast<int>(ldb), static_cast<long long>(stride_b), a, static_cast<int>(lda), static_cast<long long>(stride_a), &beta,
-      c, static_cast<int>(ldc), static_cast<long long>(stride_c), static_cast<int>(count)));
+  if (blas.math == gemm_math::fp32) {
+    TRIDENT_CUBLAS_CHECK(cublasSgemmStridedBatched(
+        handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+        static_cast<int>(ldb), static_cast<long long>(stride_b), a, static_cast<int>(lda), static_cast<long long>(stride_a), &beta,
+        c, static_cast<int>(ldc), static_cast<long long>(stride_c), static_cast<int>(count)));
+  } else {
+    TRIDENT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+        CUDA_R_32F, static_cast<int>(ldb), static_cast<long long>(stride_b), a, CUDA_R_32F, static_cast<int>(lda),
+        static_cast<long long>(stride_a), &beta, c, CUDA_R_32F, static_cast<int>(ldc), static_cast<long long>(stride_c),
+        static_cast<int>(count), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+  }
 }
 
 }  // namespace cuda

@@ -3,8 +3,8 @@
 //
 // Synopsis (namespace trident::nn::cuda; device memory as device_span, work on `stream`)
 //   struct linear { in_features, out_features;
-//     void forward(cublasHandle_t, cudaStream_t, batch, x, W, b, y) const        y = x W^T + b
-//     void backward(cublasHandle_t, cudaStream_t, batch, x, W, dy, dx, dW, db) const
+//     void forward(blas_ref, cudaStream_t, batch, x, W, b, y) const        y = x W^T + b
+//     void backward(blas_ref, cudaStream_t, batch, x, W, dy, dx, dW, db) const
 //                                                   dx = dy W (empty: skipped), dW += dy^T x, db += sum dy }
 //   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu
 //   void activation_backward<Act>(x, dy, dx, stream)
@@ -20,9 +20,10 @@
 // (one float) so a training step never synchronises. A target outside [0, classes) cannot be
 // thrown from a kernel: it makes that row's loss and gradients NaN.
 //
-// Deterministic: GEMMs are cuBLAS SGEMM in FP32 (see nn/cuda/cublas.hpp); bias gradients sum rows in
-// order, one thread per column; the loss reductions run in one block over a fixed tree, in
-// double. No atomics.
+// Deterministic: GEMMs are cuBLAS SGEMM in FP32 unless the blas_ref asks for tensor cores (see
+// nn/cuda/cublas.hpp); bias gradients sum the rows in double over a fixed tree, 32 x 32 threads
+// per tile of 32 columns (the host sums in row order in float: equal to rounding); the loss
+// reductions run in one block over a fixed tree, in double. No atomics.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -61,16 +62,42 @@ __global__ void add_bias_kernel(device_span<float> y, device_span<const float> b
     y[i] = __fadd_rn(y[i], b[i % out]);
 }
 
-// db[o] += dy[0, o] + dy[1, o] + ... in row order: the host's order, so bitwise the host's.
+// Column sums over every row (bias gradients here, the norms' parameter gradients in norm.cuh):
+// a block per tile of param_tile columns, its param_rows rows of threads each summing every
+// param_rows-th row in double, then a fixed tree over those partial sums. One thread per column,
+// summing every row itself, left the GPU idle at GPT-2's sizes (768 threads for 16k rows:
+// milliseconds per sum); this reads each row once, coalesced, from (columns / 32) x 1024
+// threads. Deterministic (fixed order, no atomics); the host sums in row order in float, so the
+// two agree to rounding.
+inline constexpr unsigned param_tile = 32, param_rows = 32;
+
+inline dim3 param_grid(std::size_t hidden) {
+  TRIDENT_EXPECT(hidden / param_tile < 0x7fffffffu, "cuda column sums: ", hidden, " columns exceed the grid's limit");
+  return dim3(static_cast<unsigned>((hidden + param_tile - 1) / param_tile));
+}
+
+// Sums column j's partials of every thread row of the block into row 0 (all threads call it).
+template <class = void>
+__device__ void param_tree(double (&s)[param_rows][param_tile + 1]) {
+  for (unsigned half = param_rows / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half) s[threadIdx.y][threadIdx.x] += s[threadIdx.y + half][threadIdx.x];
+  }
+  __syncthreads();
+}
+
+// db[o] += the column sum of dy over `batch` rows (param_tree's tiles: the host's sum to rounding).
 template <class = void>  // a template so that several translation units may include this header
 __global__ void bias_grad_kernel(device_span<const float> dy, device_span<float> db, std::size_t batch) {
+  __shared__ double sb[param_rows][param_tile + 1];
   const std::size_t out = db.size();
-  for (std::size_t o = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; o < out;
-       o += std::size_t{gridDim.x} * blockDim.x) {
-    float acc = db[o];
-    for (std::size_t r = 0; r < batch; ++r) acc = __fadd_rn(acc, dy[r * out + o]);
-    db[o] = acc;
-  }
+  const std::size_t o = blockIdx.x * std::size_t{param_tile} + threadIdx.x;
+  double b = 0;
+  if (o < out)
+    for (std::size_t r = threadIdx.y; r < batch; r += param_rows) b += dy[r * out + o];
+  sb[threadIdx.y][threadIdx.x] = b;
+  param_tree(sb);
+  if (threadIdx.y == 0 && o < out) db[o] = static_cast<float>(static_cast<double>(db[o]) + sb[0][threadIdx.x]);
 }
 
 template <class = void>  // a template so that several translation units may include this header
@@ -207,7 +234,7 @@ struct linear {
   std::size_t weight_size() const noexcept { return in_features * out_features; }
   std::size_t bias_size() const noexcept { return out_features; }
 
-  void forward(cublasHandle_t handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+  void forward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
     const std::size_t in = in_features, out = out_features;
     nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
@@ -220,7 +247,7 @@ struct linear {
 
   //! dx = dy W (overwritten; skipped when empty, and then W may be empty), dW += dy^T x,
   //! db += column sums of dy (accumulated; db empty: no bias).
-  void backward(cublasHandle_t handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+  void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
     const std::size_t in = in_features, out = out_features;
@@ -229,7 +256,7 @@ struct linear {
     if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
     gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
     if (!db.empty()) {
-      detail::bias_grad_kernel<><<<detail::grid_for(out), detail::block_size, 0, stream>>>(dy, db, batch);
+      detail::bias_grad_kernel<><<<detail::param_grid(out), dim3(detail::param_tile, detail::param_rows), 0, stream>>>(dy, db, batch);
       TRIDENT_CUDA_CHECK(cudaGetLastError());
     }
   }

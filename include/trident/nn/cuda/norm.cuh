@@ -93,28 +93,8 @@ __global__ void layer_norm_dx_kernel(device_span<const float> x, device_span<con
   }
 }
 
-// The parameter gradients' column sums over every row: a block per tile of param_tile columns,
-// its param_rows rows of threads each summing every param_rows-th row in double, then a fixed
-// tree over those partial sums. One thread per column, summing every row itself, left the GPU
-// idle at GPT-2's sizes (768 threads for 16k rows: milliseconds per norm); this reads each row
-// once, coalesced, from (hidden / 32) x 1024 threads. Deterministic (fixed order, no atomics);
-// the host sums in row order in float, so the two agree to rounding.
-inline constexpr unsigned param_tile = 32, param_rows = 32;
-
-inline dim3 param_grid(std::size_t hidden) {
-  TRIDENT_EXPECT(hidden / param_tile < 0x7fffffffu, "cuda norm: ", hidden, " features exceed the grid's limit");
-  return dim3(static_cast<unsigned>((hidden + param_tile - 1) / param_tile));
-}
-
-// Sums column j's partials of every thread row of the block into row 0 (all threads call it).
-template <class = void>
-__device__ void param_tree(double (&s)[param_rows][param_tile + 1]) {
-  for (unsigned half = param_rows / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half) s[threadIdx.y][threadIdx.x] += s[threadIdx.y + half][threadIdx.x];
-  }
-  __syncthreads();
-}
+// The parameter gradients' column sums: layers.cuh's column-sum tiles (param_tile columns x
+// param_rows rows of threads, double partial sums, then param_tree's fixed tree).
 
 // dgamma[j] += sum over rows of dy xhat, dbeta[j] += sum of dy.
 template <class = void>  // a template so that several translation units may include this header

@@ -115,7 +115,7 @@ class transformer_block {
   //! y from x, both [seq x batch, hidden] and the same on every rank of the group, or with
   //! sequence parallelism this rank's [seq / t x batch, hidden] rows.
   template <communicator Comm>
-  void forward(cuda_context& ctx, cublasHandle_t blas, Comm& tp, const weights& w, device_span<const float> x,
+  void forward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, const weights& w, device_span<const float> x,
                device_span<float> y, block_activations& s) const {
     tensor::detail::check_group(name(), "forward", tp, parts());
     const std::size_t n = rows(), m = local_rows(), h = config().hidden;
@@ -156,7 +156,7 @@ class transformer_block {
   //! dx (overwritten) from dy, shaped as forward's x and y; the parameters' gradients (this
   //! rank's parts) accumulate (+=).
   template <communicator Comm>
-  void backward(cuda_context& ctx, cublasHandle_t blas, Comm& tp, const weights& w, const block_activations& s,
+  void backward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, const weights& w, const block_activations& s,
                 device_span<const float> dy, device_span<float> dx, const gradients& g) const {
     tensor::detail::check_group(name(), "backward", tp, parts());
     const std::size_t n = rows(), m = local_rows(), h = config().hidden;

@@ -69,7 +69,7 @@ class column_parallel_linear {
   bool overlap = true;
 
   template <communicator Comm>
-  void forward(const cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+  void forward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
     detail::require_device_comm<Comm>();
     tensor::detail::check_group(name(), "forward", tp, tp_size());
@@ -79,7 +79,7 @@ class column_parallel_linear {
   }
 
   template <communicator Comm>
-  void backward(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+  void backward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
     detail::require_device_comm<Comm>();
@@ -106,7 +106,7 @@ class column_parallel_linear {
   //! [batch / t, in] (overwritten) beside the weight-gradient GEMM (without overlap the GEMM is
   //! queued first and the reduce-scatter waits for it); the host's backward_to_sequence.
   template <communicator Comm>
-  void backward_to_sequence(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+  void backward_to_sequence(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                             device_span<const float> w, device_span<const float> dy, device_span<float> partial,
                             device_span<float> dx, device_span<float> dw, device_span<float> db) const {
     detail::require_device_comm<Comm>();
@@ -146,7 +146,7 @@ class row_parallel_linear {
 
   //! y = sum over the group of x_r W_r^T (g), then + b; the same on every rank.
   template <communicator Comm>
-  void forward(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+  void forward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
     detail::require_device_comm<Comm>();
     tensor::detail::check_group(shape_.name(), "forward", tp, tp_size());
@@ -164,7 +164,7 @@ class row_parallel_linear {
   //! reduce-scattered to this rank's rows, y [batch / t, out], and the bias is added there; the
   //! host's forward_to_sequence. Backward is backward() with the all-gathered output gradient.
   template <communicator Comm>
-  void forward_to_sequence(cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+  void forward_to_sequence(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                            device_span<const float> w, device_span<const float> b, device_span<float> partial,
                            device_span<float> y) const {
     detail::require_device_comm<Comm>();
@@ -184,7 +184,7 @@ class row_parallel_linear {
 
   //! Local: dy is the same on every rank (g's backward is the identity).
   template <communicator Comm>
-  void backward(const cuda_context& ctx, cublasHandle_t blas, Comm& tp, std::size_t batch, device_span<const float> x,
+  void backward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
     detail::require_device_comm<Comm>();
