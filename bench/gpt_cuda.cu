@@ -3,12 +3,14 @@
 // NCCL rank; forward, backward and the fused AdamW step with clipping, as flagship::train runs
 // them. Against bench/gpt_torch_gpu.py, the same model in PyTorch on the same GPU
 // (scripts/gpu_check.sh runs both):
-//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32]
+//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32 | --bf16]
 // Tokens are random (speed does not depend on them). The time is wall time per step over
 // `steps` steps after two warm-up steps; each step ends with the host reading the loss, as the
-// trainer does. --tf32 switches the model's cuBLAS handle to TF32 tensor cores (not bitwise
-// reproducible against the host; the library's default is FP32). Then the time of each phase of
-// forward and backward (CUDA events on the compute stream: gpt_cuda.cuh's gpu_phases) and the rest.
+// trainer does. --tf32 switches the model's GEMMs to TF32 tensor cores (not bitwise reproducible
+// against the host; the library's default is FP32). --bf16 trains in bf16 as the flagship's
+// --precision bf16 does on the GPU (mixed_precision<bf16>: bf16 working weights and gradients,
+// TF32 GEMMs; activations still float), the mode torch.compile's bf16 autocast is compared with. Then the time of each phase of forward and backward (CUDA events on the compute
+// stream: gpt_cuda.cuh's gpu_phases) and the rest.
 #include <mpi.h>
 
 #include <chrono>
@@ -17,11 +19,65 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <vector>
 
 #include "01_flagship/gpt_cuda.cuh"
 #include "trident/comm/nccl.hpp"
 #include "trident/core/cuda_runtime.hpp"
+
+namespace {
+
+template <class Precision>
+void run(trident::nccl_comm& world, std::size_t batch, std::size_t layers, std::size_t steps, trident::nn::gemm_math math) {
+  const flagship::gpt_config c{.vocab = 50304, .seq = 1024, .hidden = 768, .heads = 12, .layers = layers};
+  trident::process_grid grid(world, 1, 1);
+  flagship::optimizer_type opt;
+  opt.opt = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  opt.schedule.f = [](std::int64_t) { return 6e-4; };
+  trident::zero::zero_options zo;
+  zo.max_grad_norm = 1.0f;
+  flagship::cuda::gpt_cuda_rank<0, flagship::optimizer_type, Precision> model(grid, c, 1, 1, batch, opt, zo, 1234);  // one stage, one micro-batch
+  model.set_gemm_math(math);
+  flagship::step_batches b;
+  b.inputs.assign(1, std::vector<std::int32_t>(c.seq * batch));
+  b.targets = b.inputs;
+  std::uint64_t z = 7;
+  for (auto* list : {&b.inputs[0], &b.targets[0]})
+    for (auto& v : *list) v = static_cast<std::int32_t>((z = trident::detail::splitmix64(z)) % c.vocab);
+  double loss = 0;
+  auto step = [&] {
+    model.forward_backward(b);
+    (void)model.step();
+    loss = model.loss();
+  };
+  step();
+  step();
+  model.phases().enabled = true;  // CUDA events between the phases of forward and backward
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t s = 0; s < steps; ++s) {
+    step();
+    model.phases().collect();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(steps);
+  const double tokens = static_cast<double>(c.seq * batch);
+  const bool full = std::is_same_v<Precision, trident::full_precision>;
+  std::printf("trident gpt on the GPU: %zu layers, B = %zu, T = %zu, %s weights, %s GEMMs: %8.2f ms/step  %9.0f tokens/s  %6.1f TFLOP/s  (loss %.4f)\n",
+              layers, batch, c.seq, full ? "fp32" : "bf16", trident::nn::name(math), ms, tokens / ms * 1e3,
+              c.flops_per_token() * tokens / ms * 1e-9, loss);
+  // Where the step's time went: the compute stream's phases, and the rest of the wall time
+  // (the optimizer's step on the data communicator's stream, reading the loss, host gaps).
+  double phased = 0;
+  for (const auto& [name, total] : model.phases().totals()) {
+    const double per_step = total / static_cast<double>(steps);
+    phased += per_step;
+    std::printf("  %-32s %8.2f ms/step  %5.1f%%\n", name.c_str(), per_step, 100.0 * per_step / ms);
+  }
+  std::printf("  %-32s %8.2f ms/step  %5.1f%%\n", "the rest (optimizer step, loss)", ms - phased, 100.0 * (ms - phased) / ms);
+  std::printf("%s\n", trident::current_ledger()->report().c_str());  // bytes by space and category
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -29,59 +85,21 @@ int main(int argc, char** argv) {
   try {
     ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
     TRIDENT_CUDA_CHECK(cudaSetDevice(0));
-    bool tf32 = false;
+    bool tf32 = false, bf16 = false;
     std::vector<std::size_t> positional;
     for (int i = 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--tf32") == 0) tf32 = true;
+      else if (std::strcmp(argv[i], "--bf16") == 0) bf16 = true;
       else positional.push_back(static_cast<std::size_t>(std::strtoull(argv[i], nullptr, 10)));
     }
+    TRIDENT_EXPECT(!(tf32 && bf16), "gpt_cuda: --tf32 or --bf16, not both");
     auto arg = [&](std::size_t i, std::size_t fallback) { return positional.size() > i ? positional[i] : fallback; };
     const std::size_t batch = arg(0, 16), layers = arg(1, 12), steps = arg(2, 5);
     auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = true});
     TRIDENT_EXPECT(world.size() == 1, "gpt_cuda: one rank (mpirun -np 1); got ", world.size());
-    const flagship::gpt_config c{.vocab = 50304, .seq = 1024, .hidden = 768, .heads = 12, .layers = layers};
-    trident::process_grid grid(world, 1, 1);
-    flagship::optimizer_type opt;
-    opt.opt = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-    opt.schedule.f = [](std::int64_t) { return 6e-4; };
-    trident::zero::zero_options zo;
-    zo.max_grad_norm = 1.0f;
-    flagship::cuda::gpt_cuda_rank<0> model(grid, c, 1, 1, batch, opt, zo, 1234);  // one stage, one micro-batch
-    if (tf32) TRIDENT_CUBLAS_CHECK(cublasSetMathMode(model.blas(), CUBLAS_TF32_TENSOR_OP_MATH));
-    flagship::step_batches b;
-    b.inputs.assign(1, std::vector<std::int32_t>(c.seq * batch));
-    b.targets = b.inputs;
-    std::uint64_t z = 7;
-    for (auto* list : {&b.inputs[0], &b.targets[0]})
-      for (auto& v : *list) v = static_cast<std::int32_t>((z = trident::detail::splitmix64(z)) % c.vocab);
-    double loss = 0;
-    auto step = [&] {
-      model.forward_backward(b);
-      (void)model.step();
-      loss = model.loss();
-    };
-    step();
-    step();
-    model.phases().enabled = true;  // CUDA events between the phases of forward and backward
-    const auto start = std::chrono::steady_clock::now();
-    for (std::size_t s = 0; s < steps; ++s) {
-      step();
-      model.phases().collect();
-    }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(steps);
-    const double tokens = static_cast<double>(c.seq * batch);
-    std::printf("trident gpt on the GPU: %zu layers, B = %zu, T = %zu, fp32%s: %8.2f ms/step  %9.0f tokens/s  %6.1f TFLOP/s  (loss %.4f)\n",
-                layers, batch, c.seq, tf32 ? " (TF32 GEMMs)" : "", ms, tokens / ms * 1e3, c.flops_per_token() * tokens / ms * 1e-9, loss);
-    // Where the step's time went: the compute stream's phases, and the rest of the wall time
-    // (the optimizer's step on the data communicator's stream, reading the loss, host gaps).
-    double phased = 0;
-    for (const auto& [name, total] : model.phases().totals()) {
-      const double per_step = total / static_cast<double>(steps);
-      phased += per_step;
-      std::printf("  %-32s %8.2f ms/step  %5.1f%%\n", name.c_str(), per_step, 100.0 * per_step / ms);
-    }
-    std::printf("  %-32s %8.2f ms/step  %5.1f%%\n", "the rest (optimizer step, loss)", ms - phased, 100.0 * (ms - phased) / ms);
-    std::printf("%s\n", trident::current_ledger()->report().c_str());  // bytes by space and category
+    using trident::nn::gemm_math;
+    if (bf16) run<trident::mixed_precision<trident::bf16>>(world, batch, layers, steps, gemm_math::tf32);
+    else run<trident::full_precision>(world, batch, layers, steps, tf32 ? gemm_math::tf32 : gemm_math::fp32);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_cuda: %s\n", e.what());
     failed = 1;

@@ -1,13 +1,14 @@
 """The flagship GPT's training step on one GPU in PyTorch, against bench/gpt_cuda (trident) on the
 same GPU in the same run (scripts/gpu_check.sh runs both):
 
-    python3 bench/gpt_torch_gpu.py [--batch 16] [--layers 12] [--steps 5] [--modes fp32,tf32,compile-bf16]
+    python3 bench/gpt_torch_gpu.py [--batch 16] [--layers 12] [--steps 5] [--modes fp32,tf32,bf16,compile-bf16]
 
 The model is bench/gpt_torch.py's GPT (GPT-2 124M by default: 12 layers, 768 wide, 12 heads,
 T = 1024, vocabulary 50304, tied head, GELU tanh, scaled_dot_product_attention), trained with
 torch.optim.AdamW(fused=True) and clip_grad_norm_(1.0), on random tokens. Modes:
   fp32          eager, true FP32 matmuls (trident's default numerics)
   tf32          eager, TF32 matmuls (torch.backends.cuda.matmul.allow_tf32)
+  bf16          eager with bf16 autocast (bench/gpt_cuda --bf16's counterpart without a compiler)
   compile-fp32  torch.compile, FP32
   compile-bf16  torch.compile with bf16 autocast: the issue's target (about 47 ms/step on an H100
                 for Hugging Face's GPT-2)
@@ -50,7 +51,7 @@ def run(mode, batch, layers, steps):
     tgt = torch.randint(0, vocab, (batch, seq), device="cuda")
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "compile-bf16"):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode.endswith("bf16")):
             loss = step_model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -79,7 +80,7 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--modes", default="fp32,tf32,compile-bf16")
+    p.add_argument("--modes", default="fp32,tf32,bf16,compile-bf16")
     a = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpt_torch_gpu: no CUDA device")

@@ -168,12 +168,14 @@ for ranks in 1 2; do
   [[ -x $build/bench/tensor_block_cuda ]] && step "bench tensor block t = $ranks" "grep -E 'ms/step'" -- \
     mpirun -np "$ranks" --oversubscribe -x NCCL_SOCKET_IFNAME "$build/bench/tensor_block_cuda"
 done
-# issue 13: GPT-2 124M's training step on one GPU, trident (fp32; TF32 GEMMs) against PyTorch
-# (eager fp32 and TF32, torch.compile with bf16 autocast) on the same GPU
+# issue 13: GPT-2 124M's training step on one GPU, trident (fp32; TF32 GEMMs; bf16) against
+# PyTorch (eager fp32, TF32 and bf16 autocast, torch.compile with bf16 autocast) on the same GPU
 [[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident fp32" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda"
 [[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident tf32" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --tf32
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16" "grep -E 'trident gpt on the GPU'" -- \
+  mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"
 fi

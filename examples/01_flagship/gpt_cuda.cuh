@@ -9,7 +9,9 @@
 //
 // on a (data, tensor, pipeline) grid of nccl_comm ranks, ZeRO 0-3 on the data axis (its CUDA
 // engine: the fused AdamW, CUB's gradient statistics, buckets reduced on the data communicator's
-// stream), fp32, gradient accumulation, global-norm clipping, AdamW with a learning-rate
+// stream), fp32 or bf16 (gpt_rank's mixed precision: bf16 working weights and gradients, the
+// kernels on float copies; GEMMs on TF32 tensor cores unless train_options::gpu_gemm says
+// otherwise), gradient accumulation, global-norm clipping, AdamW with a learning-rate
 // schedule, and selective recomputation. Pipeline stages are gpt.hpp's chunks (p x virtual
 // stages, the tied embedding kept on the last stage as gpt_rank keeps it), run by the pipeline
 // executor with device messages. train_cuda() is flagship::train's loop for it: the same options
@@ -30,7 +32,8 @@
 // run resumes from either). The trace of a step has the host's spans on one track per rank and
 // the compute stream's phases, timed by CUDA events, on another. Not on the GPU yet (train_cuda
 // says so when asked): sequence parallelism (the embedding and head have no sequence-sharded GPU
-// path), full recomputation and bf16/fp16; pipeline stage counts other than 1, 2 and 4.
+// path), full recomputation and fp16 (its loss scaling); pipeline stage counts other than 1, 2
+// and 4.
 //
 //   auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD);
 //   flagship::train_options o;  o.model = {...};  o.tensor = 2;  o.zero_stage = 3;
@@ -101,6 +104,21 @@ __global__ void position_grad_kernel(device_span<const float> dx, device_span<fl
 template <class = void>
 __global__ void accumulate_kernel(device_span<double> sum, device_span<const float> loss) {
   if (blockIdx.x == 0 && threadIdx.x == 0) sum[0] += static_cast<double>(loss[0]);
+}
+
+// out[i] = in[i] as float (exact: a half working weight's value, for the fp32 kernels).
+template <class Half>
+__global__ void to_float_kernel(device_span<const Half> in, device_span<float> out) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < in.size(); i += std::size_t{gridDim.x} * blockDim.x)
+    out[i] = static_cast<float>(in[i]);
+}
+
+// g[i] = Half(float(g[i]) + add[i]): a layer's float gradients joining the half ones, rounded
+// once, as the host's add_into (gpt.hpp) does.
+template <class Half>
+__global__ void add_into_kernel(device_span<Half> g, device_span<const float> add) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < g.size(); i += std::size_t{gridDim.x} * blockDim.x)
+    g[i] = Half(static_cast<float>(g[i]) + add[i]);
 }
 
 inline unsigned grid_for(std::size_t n) { return trident::nn::cuda::detail::grid_for(n); }
@@ -221,14 +239,25 @@ class gpu_phases {
 
 //! This rank's chunks of the GPT on the GPU and the ZeRO optimizer that holds them: gpt_rank's
 //! layout (chunk k of p x v on pipeline rank k % p; t: the tensor group's share; the data axis:
-//! ZeRO-Stage), fp32. Chunk k runs as a pipeline stage through forward(k, x, mb) and
+//! ZeRO-Stage). Chunk k runs as a pipeline stage through forward(k, x, mb) and
 //! backward(k, dy, mb) on device messages; with one chunk, forward_backward() runs a step's
 //! micro-batches without the pipeline executor.
-template <int Stage, class Opt = optimizer_type>
+//!
+//! Precision: full_precision, or mixed_precision<bf16> as gpt_rank keeps it (fp32 master weights
+//! in the optimizer, bf16 working weights and gradients): the kernels read float copies of the
+//! working weights (exact), and each layer's float gradients are added to the bf16 ones, rounded
+//! once, in gpt_rank's order, so the GPU run follows the host's. The GEMMs' math is the cuBLAS
+//! handle's (set_gemm_math): fp32 unless set (train_cuda sets TF32 for bf16). The activations
+//! stay float: GEMMs on bf16 operands, at bf16 tensor cores' speed, are the next step.
+template <int Stage, class Opt = optimizer_type, class Precision = trident::full_precision>
 class gpt_cuda_rank {
  public:
   using comm_type = trident::nccl_comm;
-  using zero_type = trident::zero::zero_optimizer<Stage, Opt, comm_type, trident::full_precision>;
+  using zero_type = trident::zero::zero_optimizer<Stage, Opt, comm_type, Precision>;
+  using half_type = typename Precision::half_type;
+  static constexpr bool full = std::is_same_v<half_type, float>;
+  static_assert(full || std::is_same_v<half_type, trident::bf16>,
+                "gpt_cuda_rank: the GPU path trains in fp32 or bf16 (fp16's loss scaling is not on it yet)");
   using policy = trident::zero::stage_policy_t<Stage>;
   template <class T>
   using device_buffer = trident::buffer<T, trident::cuda_space>;
@@ -320,14 +349,42 @@ class gpt_cuda_rank {
     // The last chunk's copy of the tied embedding and its gradient (more than one chunk:
     // Megatron's embedding group, as gpt_rank keeps them).
     if (owns(chunks_ - 1) && chunks_ > 1) {
-      const auto w = find("wte").part(t_rank);
+      auto w = find("wte").part(t_rank);
+      // The working weights' values: rounded to the half type, as chunk 0's are.
+      if constexpr (!full) std::transform(w.begin(), w.end(), w.begin(), [](float v) { return static_cast<float>(half_type(v)); });
       wte_copy_ = device_buffer<float>(w.size(), mem_category::parameters);
       trident::copy(std::span<const float>(w), wte_copy_);
       head_grad_ = device_buffer<float>(w.size(), mem_category::gradients);
       trident::fill_zero(head_grad_);
     }
-    if (owns(0) && chunks_ > 1 && !owns(chunks_ - 1))
+    if (owns(0) && chunks_ > 1 && !owns(chunks_ - 1))  // also the bf16 embedding's float copy on its way
       tie_ = device_buffer<float>(wte_.shape().weight_sharding().local_numel(), mem_category::communication);
+    // Float scratch for the layers' views of bf16 weights and gradients (gpt_rank's arenas).
+    if constexpr (!full) {
+      std::size_t block = 0;
+      for (const auto& ch : chunks_mine_)
+        for (const auto& b : ch.blocks) {
+          std::size_t n = 0;
+          for (const auto& p : b.shape().parameters()) n += p.split.local_numel();
+          block = std::max(block, n);
+        }
+      const std::size_t wte = wte_.shape().weight_sharding().local_numel();
+      auto arena = [](std::size_t count, mem_category what) { return view_arena{device_buffer<float>(count, what), 0}; };
+      weights_ = arena(block, mem_category::parameters);
+      grads_ = arena(block, mem_category::gradients);
+      if (owns(0)) {
+        emb_w_ = arena(wte + c_.seq * h, mem_category::parameters);
+        emb_g_ = arena(wte + c_.seq * h, mem_category::gradients);
+      }
+      if (owns(chunks_ - 1)) {
+        if (chunks_ == 1) {
+          head_w_ = arena(wte, mem_category::parameters);
+          head_g_ = arena(wte, mem_category::gradients);
+        }
+        lnf_w_scratch_ = arena(2 * h, mem_category::parameters);
+        lnf_g_ = arena(2 * h, mem_category::gradients);
+      }
+    }
     x_ = device_buffer<float>(n_ * h, mem_category::activations);
     y_ = device_buffer<float>(n_ * h, mem_category::activations);
     d_out_ = device_buffer<float>(n_ * h, mem_category::other);
@@ -346,9 +403,10 @@ class gpt_cuda_rank {
   const gpt_config& config() const noexcept { return c_; }
   int chunks() const noexcept { return chunks_; }
   bool owns(int k) const noexcept { return k % p_ == prank_; }
-  //! The cuBLAS handle every GEMM of the model uses (FP32 math: nn/cuda/cublas.hpp); a
-  //! benchmark may switch it to TF32 (cublasSetMathMode).
-  cublasHandle_t blas() const noexcept { return blas_.get(); }
+  //! The cuBLAS handle every GEMM of the model uses, with its math (fp32 unless set).
+  trident::nn::blas_ref blas() const noexcept { return blas_; }
+  //! The math of the model's GEMMs from now on (nn/cuda/cublas.hpp): fp32 or tf32.
+  void set_gemm_math(trident::nn::gemm_math m) noexcept { blas_.set_math(m); }
   //! The phases of forward and backward (NVTX ranges; CUDA-event times when enabled).
   gpu_phases& phases() noexcept { return phases_; }
   //! A timeline of the phases from here, for a trace (gpu_phases::start_timeline on the compute
@@ -424,17 +482,18 @@ class gpt_cuda_rank {
     if (!owns(0)) return;
     if constexpr (!policy::shards_gradients) z_->set_gradient_sync(true);
     if (chunks_ > 1) {
-      const auto g = grad(wte_h_);
+      const auto s = z_->gradients(wte_h_);
+      const device_span<half_type> g(s.data(), s.size());
       if (owns(chunks_ - 1)) {
         wait_for_optimizer();
-        trident::nn::cuda::add_to(head_grad_.device_handle(), g, ctx_.stream());
+        add_into(g, head_grad_.device_handle());
         TRIDENT_CUDA_CHECK(cudaMemsetAsync(head_grad_.data(), 0, head_grad_.size() * sizeof(float), ctx_.stream()));
       } else {
         ctx_.hand_to(pipe_->stream());  // tie_ is free: the last add from it is done
         pipe_->recv(trident::space_span<float, trident::cuda_space>(tie_.data(), tie_.size()), (chunks_ - 1) % p_);
         ctx_.order_after(pipe_->stream());
         wait_for_optimizer();
-        trident::nn::cuda::add_to(tie_.device_handle(), g, ctx_.stream());
+        add_into(g, tie_.device_handle());
       }
       hand_to_optimizer();
     }
@@ -564,23 +623,88 @@ class gpt_cuda_rank {
     return s;
   }
 
-  // ZeRO's spans, ready on the data communicator's stream: the compute stream waits for it.
-  device_span_c param(trident::tensor_handle h) {
-    const auto s = z_->parameters(h);
-    return {s.data(), s.size()};
+  // Float scratch on the device and how much of it the current views use.
+  struct view_arena {
+    device_buffer<float> buffer;
+    std::size_t at = 0;
+  };
+  // ZeRO's spans, ready on the data communicator's stream: the compute stream waits for it. In
+  // fp32 they are the optimizer's own. In bf16 a parameter is converted into `a` (valid until
+  // the arena is reset and used again) on the compute stream, and a gradient view is zeroed
+  // float scratch that commit() adds into the bf16 gradients, gpt_rank's param_view/grad_view.
+  device_span_c param(trident::tensor_handle h, view_arena& a) { return params(std::array{h}, a)[0]; }
+  // Several at once: their spans first (ZeRO-3 gathers them), then one wait for all.
+  template <std::size_t N>
+  std::array<device_span_c, N> params(const std::array<trident::tensor_handle, N>& hs, view_arena& a) {
+    std::array<device_span_c, N> out;
+    std::array<device_span<const half_type>, N> spans;
+    for (std::size_t i = 0; i < N; ++i) {
+      const auto s = z_->parameters(hs[i]);
+      spans[i] = device_span<const half_type>(s.data(), s.size());
+    }
+    if constexpr (full) {
+      (void)a;
+      return spans;
+    } else {
+      wait_for_optimizer();
+      for (std::size_t i = 0; i < N; ++i) {
+        const device_span<float> f = take(a, spans[i].size());
+        detail::to_float_kernel<half_type><<<detail::grid_for(f.size()), detail::block, 0, ctx_.stream()>>>(spans[i], f);
+        TRIDENT_CUDA_CHECK(cudaGetLastError());
+        out[i] = f;
+      }
+      return out;
+    }
   }
-  device_span<float> grad(trident::tensor_handle h) {
+  device_span<float> grad(trident::tensor_handle h, view_arena& a) {
     const auto s = z_->gradients(h);
-    return {s.data(), s.size()};
+    if constexpr (full) {
+      (void)a;
+      return {s.data(), s.size()};
+    } else {
+      const device_span<float> out = take(a, s.size());
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size() * sizeof(float), ctx_.stream()));
+      pending_.push_back({device_span<half_type>(s.data(), s.size()), out});
+      return out;
+    }
+  }
+  // The next `count` floats of `a`.
+  static device_span<float> take(view_arena& a, std::size_t count) {
+    TRIDENT_EXPECT(a.at + count <= a.buffer.size(), "gpt_cuda_rank: internal: a scratch arena of ", a.buffer.size(),
+                   " floats is too small for ", a.at + count);
+    const device_span<float> out(a.buffer.data() + a.at, count);
+    a.at += count;
+    return out;
+  }
+  static view_arena& reset(view_arena& a) {
+    a.at = 0;
+    return a;
+  }
+  // Adds the float gradients of the views handed out since the last commit to the bf16 ones, on
+  // the compute stream, which must already be ordered after the optimizer's (wait_for_optimizer).
+  void commit() {
+    if constexpr (!full) {
+      for (const auto& [g, add] : pending_) add_into(g, add);
+      pending_.clear();
+    }
+  }
+  void add_into(device_span<half_type> g, device_span_c add) {
+    if constexpr (full) {
+      trident::nn::cuda::add_to(add, g, ctx_.stream());
+    } else {
+      detail::add_into_kernel<half_type><<<detail::grid_for(g.size()), detail::block, 0, ctx_.stream()>>>(g, add);
+      TRIDENT_CUDA_CHECK(cudaGetLastError());
+    }
   }
   trident::tensor::cuda::transformer_block::weights block_weights(const chunk& ch, std::size_t l) {
-    std::array<device_span_c, 12> s;
-    for (std::size_t i = 0; i < 12; ++i) s[i] = param(ch.handles[l * 12 + i]);
-    return trident::tensor::cuda::transformer_block::weights::from(s);
+    std::array<trident::tensor_handle, 12> hs;
+    for (std::size_t i = 0; i < 12; ++i) hs[i] = ch.handles[l * 12 + i];
+    return trident::tensor::cuda::transformer_block::weights::from(params(hs, reset(weights_)));
   }
   trident::tensor::cuda::transformer_block::gradients block_gradients(const chunk& ch, std::size_t l) {
     std::array<device_span<float>, 12> s;
-    for (std::size_t i = 0; i < 12; ++i) s[i] = grad(ch.handles[l * 12 + i]);
+    auto& a = reset(grads_);
+    for (std::size_t i = 0; i < 12; ++i) s[i] = grad(ch.handles[l * 12 + i], a);
     return trident::tensor::cuda::transformer_block::gradients::from(s);
   }
   void wait_for_optimizer() { ctx_.order_after(dp_->stream()); }
@@ -591,8 +715,10 @@ class gpt_cuda_rank {
   device_span<const std::int32_t> targets_of(int mb) const { return {targets_.data() + static_cast<std::size_t>(mb) * n_, n_}; }
   // The head's weight and its gradient: the embedding's own with one chunk, else the last
   // chunk's copy (its gradient sent to chunk 0 by finish_backward).
-  device_span_c head_weight() { return chunks_ == 1 ? param(wte_h_) : device_span_c(wte_copy_.data(), wte_copy_.size()); }
-  device_span<float> head_gradient() { return chunks_ == 1 ? grad(wte_h_) : head_grad_.device_handle(); }
+  device_span_c head_weight() {
+    return chunks_ == 1 ? param(wte_h_, reset(head_w_)) : device_span_c(wte_copy_.data(), wte_copy_.size());
+  }
+  device_span<float> head_gradient() { return chunks_ == 1 ? grad(wte_h_, reset(head_g_)) : head_grad_.device_handle(); }
 
   // Forward of one chunk: `in` is its input (chunk 0: unused), `out` its output (the last
   // chunk: unused; the loss goes to loss_sum_, its gradient into the saved logits). The
@@ -604,7 +730,7 @@ class gpt_cuda_rank {
     device_span_c cur = in;
     if (ch.emb_layer >= 0) {
       phases_.mark(ctx_.stream(), "embedding forward");
-      const auto wte = param(wte_h_), wpe = param(wpe_h_);
+      const auto [wte, wpe] = params(std::array{wte_h_, wpe_h_}, reset(emb_w_));
       wait_for_optimizer();
       wte_.forward(ctx_, *tp_, tokens_of(mb), wte, x_.device_handle());
       detail::add_positions_kernel<><<<detail::grid_for(n_ * h), detail::block, 0, ctx_.stream()>>>(x_.device_handle(), wpe, batch_, h);
@@ -619,7 +745,7 @@ class gpt_cuda_rank {
       const device_span<float> next = last && ch.final_layer < 0 ? out : other_than(cur).device_handle();
       const auto w = block_weights(ch, l);
       wait_for_optimizer();
-      ch.blocks[l].forward(ctx_, blas_.get(), *tp_, w, cur, next, saved.blocks[l]);
+      ch.blocks[l].forward(ctx_, blas_, *tp_, w, cur, next, saved.blocks[l]);
       hand_to_optimizer();
       z_->release(ch.first_block_layer + static_cast<int>(l));
       cur = next;
@@ -634,11 +760,11 @@ class gpt_cuda_rank {
     const std::size_t h = c_.hidden;
     const trident::nn::cuda::layer_norm ln{h, c_.eps};
     TRIDENT_CUDA_CHECK(cudaMemcpyAsync(f.x.data(), y.data(), y.size() * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
-    const auto lnw = param(lnf_w_), lnb = param(lnf_b_);
+    const auto [lnw, lnb] = params(std::array{lnf_w_, lnf_b_}, reset(lnf_w_scratch_));
     const auto w = head_weight();
     wait_for_optimizer();
     ln.forward(ctx_.stream(), n_, y, lnw, lnb, f.out.device_handle(), f.mean.device_handle(), f.rstd.device_handle());
-    head_.forward(ctx_, blas_.get(), *tp_, n_, f.out.device_handle(), w, {}, f.logits.device_handle());
+    head_.forward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, {}, f.logits.device_handle());
     ce_.forward(ctx_, *tp_, n_, f.logits.device_handle(), targets_of(mb), loss_.device_handle());
     detail::accumulate_kernel<><<<1, 1, 0, ctx_.stream()>>>(loss_sum_.device_handle(), loss_.device_handle());
     TRIDENT_CUDA_CHECK(cudaGetLastError());
@@ -665,7 +791,8 @@ class gpt_cuda_rank {
       const auto w = block_weights(ch, l);
       const auto gr = block_gradients(ch, l);
       wait_for_optimizer();
-      ch.blocks[l].backward(ctx_, blas_.get(), *tp_, w, saved.blocks[l], g, next, gr);
+      ch.blocks[l].backward(ctx_, blas_, *tp_, w, saved.blocks[l], g, next, gr);
+      commit();
       hand_to_optimizer();
       z_->release(layer);
       z_->grad_ready(layer);
@@ -683,12 +810,14 @@ class gpt_cuda_rank {
     const trident::nn::cuda::layer_norm ln{c_.hidden, c_.eps};
     const auto w = head_weight();
     const auto gw = head_gradient();
-    const auto lnw = param(lnf_w_);
-    const auto glnw = grad(lnf_w_), glnb = grad(lnf_b_);
+    const auto lnw = param(lnf_w_, reset(lnf_w_scratch_));
+    auto& ga = reset(lnf_g_);
+    const auto glnw = grad(lnf_w_, ga), glnb = grad(lnf_b_, ga);
     wait_for_optimizer();
-    head_.backward(ctx_, blas_.get(), *tp_, n_, f.out.device_handle(), w, f.logits.device_handle(), d_out_.device_handle(), gw, {});
+    head_.backward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, f.logits.device_handle(), d_out_.device_handle(), gw, {});
     ln.backward(ctx_.stream(), n_, f.x.device_handle(), lnw, f.mean.device_handle(), f.rstd.device_handle(), d_out_.device_handle(),
                 x_.device_handle(), glnw, glnb);
+    commit();  // the head's gradient (one chunk) and the final norm's
     hand_to_optimizer();
     z_->release(ch.final_layer);
     if (chunks_ == 1) z_->release(ch.emb_layer);  // the head's weight; embed_backward needs only gradients
@@ -698,11 +827,13 @@ class gpt_cuda_rank {
 
   void embed_backward(int mb, device_span_c g) {
     phases_.mark(ctx_.stream(), "embedding backward");
-    const auto gwte = grad(wte_h_), gwpe = grad(wpe_h_);
+    auto& a = reset(emb_g_);
+    const auto gwte = grad(wte_h_, a), gwpe = grad(wpe_h_, a);
     wait_for_optimizer();
     wte_.backward(ctx_, *tp_, tokens_of(mb), g, gwte);
     detail::position_grad_kernel<><<<detail::grid_for(gwpe.size()), detail::block, 0, ctx_.stream()>>>(g, gwpe, batch_, c_.hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
+    commit();
     hand_to_optimizer();
   }
 
@@ -710,13 +841,28 @@ class gpt_cuda_rank {
   void send_tied_embedding() {
     if (chunks_ == 1) return;
     if (owns(0)) {
-      const auto w = param(wte_h_);
+      const auto s = z_->parameters(wte_h_);
+      const device_span<const half_type> w(s.data(), s.size());
       wait_for_optimizer();
+      // The working weights' float values: the copy's own (bf16: converted, into tie_ to be sent).
+      const auto to_float = [&](device_span<float> out) {
+        if constexpr (full) {
+          TRIDENT_CUDA_CHECK(cudaMemcpyAsync(out.data(), w.data(), w.size() * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
+        } else {
+          detail::to_float_kernel<half_type><<<detail::grid_for(w.size()), detail::block, 0, ctx_.stream()>>>(w, out);
+          TRIDENT_CUDA_CHECK(cudaGetLastError());
+        }
+      };
       if (owns(chunks_ - 1)) {
-        TRIDENT_CUDA_CHECK(cudaMemcpyAsync(wte_copy_.data(), w.data(), w.size() * sizeof(float), cudaMemcpyDeviceToDevice, ctx_.stream()));
+        to_float(wte_copy_.device_handle());
       } else {
+        device_span_c sent(reinterpret_cast<const float*>(w.data()), w.size());
+        if constexpr (!full) {
+          to_float(tie_.device_handle());
+          sent = tie_.device_handle();
+        }
         ctx_.hand_to(pipe_->stream());
-        pipe_->send(trident::space_span<const float, trident::cuda_space>(w.data(), w.size()), (chunks_ - 1) % p_);
+        pipe_->send(trident::space_span<const float, trident::cuda_space>(sent.data(), sent.size()), (chunks_ - 1) % p_);
         ctx_.order_after(pipe_->stream());
       }
       hand_to_optimizer();  // the buffer is reused only after the copy or the send
@@ -745,6 +891,10 @@ class gpt_cuda_rank {
   std::unique_ptr<zero_type> z_;
   trident::tensor_handle wte_h_, wpe_h_, lnf_w_, lnf_b_;
   device_buffer<float> wte_copy_, head_grad_, tie_;  // the tied embedding across stages
+  // bf16: float views of the working weights and gradients (param, grad), and the gradient views
+  // not yet added to the bf16 ones (commit).
+  view_arena weights_, grads_, emb_w_, emb_g_, head_w_, head_g_, lnf_w_scratch_, lnf_g_;
+  std::vector<std::pair<device_span<half_type>, device_span<float>>> pending_;
   device_buffer<float> x_, y_, d_out_, loss_;
   device_buffer<std::int32_t> tokens_, targets_;
   device_buffer<double> loss_sum_;
@@ -752,10 +902,10 @@ class gpt_cuda_rank {
 };
 
 //! Chunk k of a gpt_cuda_rank as a pipeline stage (trident::pipeline::stage) with device messages.
-template <int Stage>
+template <int Stage, class Precision = trident::full_precision>
 class gpt_cuda_stage {
  public:
-  using rank_type = gpt_cuda_rank<Stage>;
+  using rank_type = gpt_cuda_rank<Stage, optimizer_type, Precision>;
   using input_type = typename rank_type::message;
   using output_type = typename rank_type::message;
 
@@ -806,14 +956,14 @@ void with_gpu_stage_count(int n, F&& f) {
                                                      "compiled in on the GPU; expected 1, 2 or 4"));
 }
 
-template <int Stage, std::size_t N>
+template <int Stage, class Precision, std::size_t N>
 std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_grid<trident::nccl_comm>& grid, const train_options& o,
-                                   const std::function<void(const step_report&)>& on_step, gpt_cuda_rank<Stage>& rank,
-                                   const optimizer_type& opt) {
+                                   const std::function<void(const step_report&)>& on_step,
+                                   gpt_cuda_rank<Stage, optimizer_type, Precision>& rank, const optimizer_type& opt) {
   namespace pp = trident::pipeline;
+  using stage_type = gpt_cuda_stage<Stage, Precision>;
   const int p = grid.pipeline().size(), d = grid.data().size(), m = o.accumulation;
-  pp::uniform_pipeline<gpt_cuda_stage<Stage>, N> pipe(grid.pipeline(),
-                                                      [&](auto k) { return gpt_cuda_stage<Stage>(rank, static_cast<int>(k)); });
+  pp::uniform_pipeline<stage_type, N> pipe(grid.pipeline(), [&](auto k) { return stage_type(rank, static_cast<int>(k)); });
   const auto schedule = flagship::detail::make_schedule(o.schedule, p, m, static_cast<int>(N) / p);
   const int slice = o.data_slice ? o.data_slice->first : grid.data().rank(), slices = o.data_slice ? o.data_slice->second : d;
   trident::data::shard_loader train(o.train_files, o.micro_batch, o.model.seq, slice, slices);
@@ -824,7 +974,7 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   }
   trident::data::token_batch scratch;
   step_batches batches;
-  using message = typename gpt_cuda_rank<Stage>::message;
+  using message = typename gpt_cuda_rank<Stage, optimizer_type, Precision>::message;
   const message unused(1, trident::mem_category::other);
   trident::buffer<std::int32_t, trident::cuda_space> bad_tokens(1, trident::mem_category::other);
   const double tokens = static_cast<double>(d) * m * static_cast<double>(o.micro_batch * o.model.seq);
@@ -927,24 +1077,30 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   return reports;
 }
 
-template <int Stage>
+template <int Stage, class Precision>
 std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_grid<trident::nccl_comm>& grid, const train_options& o,
                                   const std::function<void(const step_report&)>& on_step) {
   const optimizer_type opt = flagship::detail::optimizer_of(o);
   const int chunks = o.pipeline * o.virtual_stages;
-  gpt_cuda_rank<Stage> rank(grid, o.model, chunks, o.accumulation, o.micro_batch, opt, flagship::detail::zero_options_of(o), o.seed);
+  gpt_cuda_rank<Stage, optimizer_type, Precision> rank(grid, o.model, chunks, o.accumulation, o.micro_batch, opt,
+                                                       flagship::detail::zero_options_of(o), o.seed);
+  rank.set_gemm_math(o.gpu_gemm.value_or(std::is_same_v<Precision, trident::full_precision> ? trident::nn::gemm_math::fp32
+                                                                                          : trident::nn::gemm_math::tf32));
   std::vector<step_report> out;
-  with_gpu_stage_count(chunks, [&](auto n) { out = loop_cuda<Stage, decltype(n)::value>(world, grid, o, on_step, rank, opt); });
+  with_gpu_stage_count(chunks,
+                       [&](auto n) { out = loop_cuda<Stage, Precision, decltype(n)::value>(world, grid, o, on_step, rank, opt); });
   return out;
 }
 
 }  // namespace detail
 
-//! flagship::train on GPUs (see the header comment): every rank of `world` calls it with the
-//! same options; the step reports are the same on every rank. Options the GPU path does not
-//! have yet are errors that say so, before anything collective.
-inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const train_options& o,
-                                           const std::function<void(const step_report&)>& on_step = {}) {
+//! flagship::train on GPUs (see the header comment), in Precision (full_precision or
+//! mixed_precision<bf16>, as train's): every rank of `world` calls it with the same options; the
+//! step reports are the same on every rank. Options the GPU path does not have yet are errors
+//! that say so, before anything collective.
+template <class Precision = trident::full_precision>
+std::vector<step_report> train_cuda(trident::nccl_comm& world, const train_options& o,
+                                    const std::function<void(const step_report&)>& on_step = {}) {
   TRIDENT_EXPECT(o.tensor >= 1 && o.pipeline >= 1 && o.virtual_stages >= 1, "train_cuda: tensor ", o.tensor, ", pipeline ",
                  o.pipeline, ", virtual_stages ", o.virtual_stages, "; expected all at least 1");
   const int chunks = o.pipeline * o.virtual_stages;
@@ -969,7 +1125,8 @@ inline std::vector<step_report> train_cuda(trident::nccl_comm& world, const trai
   }
   trident::process_grid grid(world, o.tensor, o.pipeline);
   std::vector<step_report> out;
-  flagship::detail::with_zero_stage(o.zero_stage, [&](auto stage) { out = detail::run_cuda<decltype(stage)::value>(world, grid, o, on_step); });
+  flagship::detail::with_zero_stage(o.zero_stage,
+                                    [&](auto stage) { out = detail::run_cuda<decltype(stage)::value, Precision>(world, grid, o, on_step); });
   return out;
 }
 

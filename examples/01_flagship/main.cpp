@@ -66,14 +66,16 @@ struct settings {
 
 constexpr const char* usage = R"(usage: flagship [options]
   --backend local|mpi|nccl   thread ranks of this process (default), MPI ranks (under mpirun), or
-                         NCCL ranks on GPUs (under mpirun; one GPU per rank, fp32, 1, 2 or 4
-                         pipeline stages)
+                         NCCL ranks on GPUs (under mpirun; one GPU per rank, fp32 or bf16, 1, 2
+                         or 4 pipeline stages)
   --share-gpu            nccl: every rank on GPU 0 (NCCL over sockets: for checking, not speed)
   --ranks N              thread ranks (default 4)
   --config FILE          a DeepSpeed config with a "trident" section (examples/01_flagship/configs);
                          the options below override it
   --tensor T --pipeline P --virtual V --schedule gpipe|1f1b|interleaved --zero 0..3
   --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
+  --gemm fp32|tf32       nccl: the GEMMs' math (default: fp32 for fp32, tf32 tensor cores for
+                         bf16; fp32 is the host's arithmetic)
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --recompute none|selective|full   activations kept for backward: all; all but attention's
@@ -99,7 +101,7 @@ arguments collect(int argc, char** argv) {
   static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
                                                "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
                                                "--seed", "--precision", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
-                                               "--trace-step", "--out", "--save", "--save-every", "--keep", "--recompute"};
+                                               "--trace-step", "--out", "--save", "--save-every", "--keep", "--recompute", "--gemm"};
   arguments out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -305,10 +307,19 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--save-every") o.save_every = integer(a, v);
     else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v));
     else if (a == "--resume") o.resume = true;
+    else if (a == "--gemm") {
+      using trident::nn::gemm_math;
+      TRIDENT_EXPECT(v == "fp32" || v == "tf32", "flagship: --gemm ", v, "; expected fp32 or tf32");
+      o.gpu_gemm = v == "fp32" ? gemm_math::fp32 : gemm_math::tf32;
+    }
   }
   if (!schedule_given) default_schedule(s);
   TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16" || s.precision == "fp16",
                  "flagship: --precision ", s.precision, "; expected fp32, bf16 or fp16");
+  // Before the banner, which prints d = world / (t x p).
+  TRIDENT_EXPECT(o.tensor >= 1 && o.pipeline >= 1 && world_size % (o.tensor * o.pipeline) == 0, "flagship: a world of ", world_size,
+                 " ranks is not d x t x p for t = ", o.tensor, " and p = ", o.pipeline, "; expected a multiple of ",
+                 o.tensor * o.pipeline, " ranks");
   return s;
 }
 
@@ -399,6 +410,8 @@ int main(int argc, char** argv) {
     const auto args = collect(argc, argv);
     const std::string backend = option(args, "--backend", "local");
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    TRIDENT_EXPECT(backend == "nccl" || option(args, "--gemm", "").empty(), "flagship: --gemm is the GPU path's (--backend nccl); "
+                   "the ", backend, " backend computes its GEMMs in float");
     if (backend == "local") {
       const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
       TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);
@@ -428,8 +441,8 @@ int main(int argc, char** argv) {
       MPI_Comm_size(MPI_COMM_WORLD, &size);
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       auto s = build(args, size);
-      TRIDENT_EXPECT(s.precision == "fp32", "flagship: --precision ", s.precision, " with --backend nccl: the GPU path trains in "
-                     "fp32 for now (bf16 and fp16 run on thread and MPI ranks)");
+      TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16", "flagship: --precision ", s.precision,
+                     " with --backend nccl: the GPU path trains in fp32 or bf16 for now (fp16 runs on thread and MPI ranks)");
       require_data(s);
       const bool share = std::any_of(args.begin(), args.end(), [](const auto& a) { return a.first == "--share-gpu"; });
       const int devices = trident::cuda_device_count();
@@ -437,8 +450,10 @@ int main(int argc, char** argv) {
                      "use --backend local or mpi here");
       TRIDENT_CUDA_CHECK(cudaSetDevice(share ? 0 : rank % devices));
       auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});
-      run(world, s, 0.0, [](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
-        return flagship::cuda::train_on_gpus(w, o, on_step);
+      run(world, s, 0.0, [bf16 = s.precision == "bf16"](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
+        // bf16: bf16 working weights and gradients, GEMMs on TF32 tensor cores (gpt_cuda.cuh).
+        return bf16 ? flagship::cuda::train_on_gpus<trident::mixed_precision<trident::bf16>>(w, o, on_step)
+                    : flagship::cuda::train_on_gpus(w, o, on_step);
       });
       return 0;
     }

@@ -39,6 +39,7 @@
 #include "trident/core/error.hpp"
 #include "trident/data/token_shards.hpp"
 #include "trident/exec/trace.hpp"
+#include "trident/nn/cuda/cublas.hpp"  // gemm_math alone without CUDA
 #include "trident/optim/optimizers.hpp"
 #include "trident/optim/schedule.hpp"
 #include "trident/parallel/data/zero_optimizer.hpp"
@@ -96,6 +97,10 @@ struct train_options {
   long save_every = 0;
   int keep_checkpoints = 0;
   bool resume = false;
+  //! The GPU path's GEMM math (nn/cuda/cublas.hpp): unset, the precision's own (fp32 for fp32,
+  //! TF32 tensor cores for bf16). The host path computes its GEMMs in float (main.cpp's --gemm
+  //! is refused there).
+  std::optional<trident::nn::gemm_math> gpu_gemm;
 };
 
 struct step_report {

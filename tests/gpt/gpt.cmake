@@ -49,7 +49,8 @@ if(CMAKE_CUDA_COMPILER AND TARGET trident::nccl AND TARGET trident::mpi AND TARG
     set(gpt_cuda_sources "")
   else()
     set(gpt_cuda_train "")
-    set(gpt_cuda_sources "${PROJECT_SOURCE_DIR}/examples/01_flagship/train_cuda.cu")
+    set(gpt_cuda_sources "${PROJECT_SOURCE_DIR}/examples/01_flagship/train_cuda.cu"
+                         "${PROJECT_SOURCE_DIR}/examples/01_flagship/train_cuda_bf16.cu")
   endif()
   trident_add_test(gpt.nccl SOURCES gpt/test_gpt_nccl.cu ${gpt_cuda_sources} LIBRARIES trident_test_gpt ${gpt_cuda_train} trident::nccl
                    trident::cuda trident::mpi Threads::Threads MPI_RANKS 4 LABELS gpt nccl gpu mpi TIMEOUT 900)

@@ -5,7 +5,8 @@
 // issue's oracle: grids without pipeline stages with ZeRO 0-3, pipelined ones (1F1B, and
 // interleaved virtual stages) with ZeRO 1 and 3. Validation losses equal the host's, and a run
 // saved and resumed equals an uninterrupted one (t = 1, p = the world: chunk-to-chunk transfers
-// in both; with 4 ranks also d = 2, p = 2). And what the GPU path does not have yet is an error that says so.
+// in both; with 4 ranks also d = 2, p = 2). In bf16 the GPU run follows the host's bf16 run. And
+// what the GPU path does not have yet is an error that says so.
 #define DOCTEST_CONFIG_IMPLEMENT  // main() is nccl_mpi_doctest_main's
 #include <doctest/doctest.h>
 
@@ -24,6 +25,7 @@
 #include "gpt/gpt_suite.hpp"
 #include "support/nccl_mpi_main.hpp"
 #include "trident/comm/local.hpp"
+#include "trident/core/cuda_runtime.hpp"
 
 namespace {
 
@@ -186,6 +188,73 @@ TEST_CASE("gpt on the GPU: validation equals the host's; saved, resumed equals s
     check_resume(w, o2, grid, dir.root / "data");
   }
   w.barrier();
+}
+
+TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its first step to float rounding), FP32 and TF32 GEMMs") {
+  auto& w = *world;
+  using bf16_precision = trident::mixed_precision<trident::bf16>;
+  // The host's run of `o` on the same grid of thread ranks (in this process): the same layers,
+  // buckets, commits and roundings to bf16. The first step's loss is the forward of the same
+  // bf16 weights, so it agrees to float rounding. After it, a float rounding that moves a bf16
+  // rounding is amplified by AdamW (a small gradient's update is a whole learning rate), so the
+  // runs stay within bf16's rounding of each other, as a grid and one rank do on the host
+  // (gpt.precision: 1e-2), not within float's.
+  auto host = [&](const flagship::train_options& o, bool half) {
+    std::vector<flagship::step_report> out;
+    trident::local_world::run(w.size(), [&](trident::local_comm& c) {
+      auto r = half ? flagship::train<bf16_precision>(c, o) : flagship::train(c, o);
+      if (c.rank() == 0) out = std::move(r);
+    });
+    return out;
+  };
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  struct layout {
+    int t, p, v, zero;
+  };
+  // Chunk 0 and the head apart (p = world), two chunks on one rank (the tied embedding's copy
+  // and gradient within the rank), data parallel, tensor parallel.
+  std::vector<layout> layouts{{1, w.size(), 1, 3}, {1, 1, 2, 0}};
+  if (w.size() > 1) layouts.push_back({1, 1, 1, 1});
+  if (w.size() % 2 == 0) layouts.push_back({2, 1, 1, 2});
+  for (const auto& l : layouts) {
+    auto o = gpt_suite::small_options();
+    o.tensor = l.t;
+    o.pipeline = l.p;
+    o.virtual_stages = l.v;
+    if (l.v > 1) o.schedule = "interleaved";
+    o.zero_stage = l.zero;
+    const int d = w.size() / (l.t * l.p);
+    const auto want = host(o, true), fp32 = host(o, false);
+    o.gpu_gemm = trident::nn::gemm_math::fp32;
+    const auto exact = flagship::cuda::train_on_gpus<bf16_precision>(w, o);
+    o.gpu_gemm.reset();  // bf16's own: TF32 tensor cores
+    const auto fast = flagship::cuda::train_on_gpus<bf16_precision>(w, o);
+    REQUIRE(exact.size() == want.size());
+    REQUIRE(fast.size() == want.size());
+    const double first = gpt_suite::relative(exact[0].loss, want[0].loss), first_fp32 = gpt_suite::relative(want[0].loss, fp32[0].loss);
+    double worst = 0, worst_fast = 0, gemm_moved = 0;
+    for (std::size_t s = 0; s < want.size(); ++s) {
+      INFO("(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), v = ", l.v, ", ZeRO-", l.zero, ", step ", s + 1, ": bf16 on the GPU ", exact[s].loss,
+           " (TF32 GEMMs ", fast[s].loss, "), the host's bf16 ", want[s].loss, ", fp32 ", fp32[s].loss);
+      CHECK(std::isfinite(fast[s].loss));
+      worst = std::max(worst, gpt_suite::relative(exact[s].loss, want[s].loss));
+      worst_fast = std::max(worst_fast, gpt_suite::relative(fast[s].loss, want[s].loss));
+      gemm_moved = std::max(gemm_moved, std::abs(fast[s].loss - exact[s].loss));
+    }
+    INFO("(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), v = ", l.v, ": step 1 from the host's bf16 loss ", first, " (bf16 from fp32 there ",
+         first_fp32, "); over 20 steps ", worst, " (TF32 GEMMs ", worst_fast, ")");
+    CHECK(first <= 1e-5);                  // the same bf16 weights' forward
+    CHECK(first_fp32 > 10 * first);        // which are not fp32's
+    CHECK(gpt_suite::relative(exact[0].grad_norm, want[0].grad_norm) <= 1e-3);  // the bf16 gradients
+    CHECK(worst <= 1e-2);
+    CHECK(worst_fast <= 3e-2);  // TF32's rounding of the GEMMs' operands too: gpt.precision's bf16-to-fp32 bound
+    if (major >= 8) CHECK(gemm_moved > 0);  // the tensor cores ran (cuBLAS computes in FP32 before sm_80)
+    CHECK(fast.back().loss < fast.front().loss - 0.5);
+    if (w.rank() == 0)
+      std::printf("gpt.nccl bf16: (d, t, p) = (%d, %d, %d), v = %d: step 1 from the host's bf16 %.3g (bf16 from fp32 %.3g); 20 steps "
+                  "%.3g (FP32 GEMMs), %.3g (TF32 GEMMs)\n", d, l.t, l.p, l.v, first, first_fp32, worst, worst_fast);
+  }
 }
 
 TEST_CASE("gpt on the GPU: what the GPU path does not have yet is an error that names it, on every rank") {
