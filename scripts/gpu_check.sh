@@ -72,7 +72,7 @@ arch=${arch:-90}
 gpu_targets() {
   ctest --test-dir "$build" -N -L 'gpu|cuda|nccl' | sed -n 's/^ *Test *#[0-9]*: *//p' | sed 's/^/test_/; s/\./_/g'
   echo nccl_bootstrap_worker bench_adamw_cuda offload_pcie zero_step_cuda bench_grad_stats_cuda bench_comm_overhead collectives zero_mlp \
-    tensor_block_cuda gpt_cuda flagship
+    tensor_block_cuda gpt_cuda gpt_block_ops_cuda flagship
 }
 if [[ ${TRIDENT_GPU_CHECK_PREBUILT:-0} == 1 ]]; then
   summary+=("build|prebuilt|0|binaries carried in $build")
@@ -176,6 +176,9 @@ done
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --tf32
 [[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16
+# ... and one of its blocks' operations, each timed alone
+[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention backward' | tail -1" -- \
+  "$build/bench/gpt_block_ops_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"
 fi

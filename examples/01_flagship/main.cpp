@@ -450,7 +450,12 @@ int main(int argc, char** argv) {
                      "use --backend local or mpi here");
       TRIDENT_CUDA_CHECK(cudaSetDevice(share ? 0 : rank % devices));
       auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});
-      run(world, s, 0.0, [bf16 = s.precision == "bf16"](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
+      // MFU against the GPUs' measured GEMM rate in the run's math, summed over the ranks (ranks
+      // sharing a GPU measure it at the same time, so their sum is about one GPU's).
+      const auto math = s.train.gpu_gemm.value_or(s.precision == "bf16" ? trident::nn::gemm_math::tf32 : trident::nn::gemm_math::fp32);
+      double peak = flagship::cuda::gpu_gemm_flops(math);
+      MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      run(world, s, peak, [bf16 = s.precision == "bf16"](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
         // bf16: bf16 working weights and gradients, GEMMs on TF32 tensor cores (gpt_cuda.cuh).
         return bf16 ? flagship::cuda::train_on_gpus<trident::mixed_precision<trident::bf16>>(w, o, on_step)
                     : flagship::cuda::train_on_gpus(w, o, on_step);

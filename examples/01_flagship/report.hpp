@@ -63,7 +63,10 @@ struct progress {
     const double per_step = timed > 0 ? elapsed / static_cast<double>(timed) : r.seconds;
     const double tps = timed > 0 ? tokens / elapsed : r.tokens / r.seconds;
     char mfu[32] = "-";
-    if (peak_flops > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * tps * flops_per_token / peak_flops);
+    if (peak_flops > 0) {  // two significant digits below 1% (a small model on a GPU: 0.06%, not 0.0%)
+      const double percent = 100.0 * tps * flops_per_token / peak_flops;
+      std::snprintf(mfu, sizeof mfu, percent < 1.0 ? "%.2g%%" : "%.1f%%", percent);
+    }
     char buf[320];
     std::snprintf(buf, sizeof buf, "step %*ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | MFU %s | scale %s | norm %.3f%s | %.0f ms/step | left %s",
                   static_cast<int>(std::to_string(steps).size()), r.step, steps, r.loss, r.lr, tps, mfu, loss_scale.c_str(),

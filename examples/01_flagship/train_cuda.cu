@@ -15,4 +15,30 @@ std::vector<step_report> train_on_gpus(trident::nccl_comm& world, const train_op
 template std::vector<step_report> train_on_gpus<trident::full_precision>(trident::nccl_comm&, const train_options&,
                                                                         const std::function<void(const step_report&)>&);
 
+double gpu_gemm_flops(trident::nn::gemm_math math) {
+  const std::size_t n = 4096;
+  trident::buffer<float, trident::cuda_space> a(n * n, trident::mem_category::other), b(n * n, trident::mem_category::other),
+      c(n * n, trident::mem_category::other);
+  trident::fill_zero(a);
+  trident::fill_zero(b);
+  trident::nn::cublas_handle blas;
+  blas.set_math(math);
+  namespace nn = trident::nn;
+  auto once = [&] { nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::n, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  once();  // cuBLAS's first call chooses and loads its kernel
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TRIDENT_CUDA_CHECK(cudaEventCreate(&start));
+  TRIDENT_CUDA_CHECK(cudaEventCreate(&stop));
+  const int reps = 10;
+  TRIDENT_CUDA_CHECK(cudaEventRecord(start, nullptr));
+  for (int i = 0; i < reps; ++i) once();
+  TRIDENT_CUDA_CHECK(cudaEventRecord(stop, nullptr));
+  TRIDENT_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  TRIDENT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) * reps / (static_cast<double>(ms) * 1e-3);
+}
+
 }  // namespace flagship::cuda

@@ -22,6 +22,10 @@ template <class Precision = trident::full_precision>
 std::vector<step_report> train_on_gpus(trident::nccl_comm& world, const train_options& o,
                                        const std::function<void(const step_report&)>& on_step = {});
 
+//! This GPU's rate of large GEMMs (4096^3, float matrices) in `math`, FLOP/s: what the progress
+//! line's MFU on GPUs is measured against, as measured_gemm_flops() is on CPUs (report.hpp).
+double gpu_gemm_flops(trident::nn::gemm_math math);
+
 extern template std::vector<step_report> train_on_gpus<trident::full_precision>(trident::nccl_comm&, const train_options&,
                                                                                const std::function<void(const step_report&)>&);
 extern template std::vector<step_report> train_on_gpus<trident::mixed_precision<trident::bf16>>(
