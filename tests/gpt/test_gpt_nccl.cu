@@ -31,6 +31,17 @@ namespace {
 
 std::optional<trident::nccl_comm> world;
 
+// The host's run of `o` on `ranks` thread ranks in this process, in Precision: rank 0's reports.
+template <class Precision = trident::full_precision>
+std::vector<flagship::step_report> on_threads(int ranks, const flagship::train_options& o) {
+  std::vector<flagship::step_report> out;
+  trident::local_world::run(ranks, [&](trident::local_comm& c) {
+    auto r = flagship::train<Precision>(c, o);
+    if (c.rank() == 0) out = std::move(r);
+  });
+  return out;
+}
+
 // The host's serial run of `o` for a world of d data-parallel ranks: one thread rank, d x
 // accumulation micro-batches per step (computed once per process: it is the same for every
 // grid and stage of one d).
@@ -38,9 +49,7 @@ std::vector<flagship::step_report> serial_run(flagship::train_options o, int d) 
   o.tensor = o.pipeline = o.virtual_stages = 1;
   o.zero_stage = 0;
   o.accumulation *= d;
-  std::vector<flagship::step_report> out;
-  trident::local_world::run(1, [&](trident::local_comm& one) { out = flagship::train(one, o); });
-  return out;
+  return on_threads(1, o);
 }
 
 }  // namespace
@@ -171,11 +180,7 @@ TEST_CASE("gpt on the GPU: validation equals the host's; saved, resumed equals s
   if (w.size() == 4) {
     auto o2 = o;
     o2.pipeline = 2;
-    std::vector<flagship::step_report> host;
-    trident::local_world::run(4, [&](trident::local_comm& c) {
-      auto r = flagship::train(c, o2);
-      if (c.rank() == 0) host = std::move(r);
-    });
+    const auto host = on_threads(4, o2);
     const auto grid = flagship::cuda::train_on_gpus(w, o2);
     REQUIRE(grid.size() == host.size());
     for (std::size_t s = 0; s < grid.size(); ++s) {
@@ -199,14 +204,6 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
   // rounding is amplified by AdamW (a small gradient's update is a whole learning rate), so the
   // runs stay within bf16's rounding of each other, as a grid and one rank do on the host
   // (gpt.precision: 1e-2), not within float's.
-  auto host = [&](const flagship::train_options& o, bool half) {
-    std::vector<flagship::step_report> out;
-    trident::local_world::run(w.size(), [&](trident::local_comm& c) {
-      auto r = half ? flagship::train<bf16_precision>(c, o) : flagship::train(c, o);
-      if (c.rank() == 0) out = std::move(r);
-    });
-    return out;
-  };
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   struct layout {
@@ -225,7 +222,7 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
     if (l.v > 1) o.schedule = "interleaved";
     o.zero_stage = l.zero;
     const int d = w.size() / (l.t * l.p);
-    const auto want = host(o, true), fp32 = host(o, false);
+    const auto want = on_threads<bf16_precision>(w.size(), o), fp32 = on_threads(w.size(), o);
     o.gpu_gemm = trident::nn::gemm_math::fp32;
     const auto exact = flagship::cuda::train_on_gpus<bf16_precision>(w, o);
     o.gpu_gemm.reset();  // bf16's own: TF32 tensor cores
