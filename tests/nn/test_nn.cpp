@@ -21,9 +21,11 @@
 #include "support/random.hpp"
 #include "trident/core/error.hpp"
 #include "trident/nn/activation.hpp"
+#include "trident/nn/attention.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/optim/host_simd.hpp"
 #include "trident/nn/linear.hpp"
+#include "trident/nn/norm.hpp"
 #include "trident/nn/loss.hpp"
 
 namespace nn = trident::nn;
@@ -457,6 +459,158 @@ TEST_CASE("gelu's tanh: within 2e-7 of tanh over [-10, 10], odd, +-1 in saturati
   std::vector<float> nan_in{std::numeric_limits<float>::quiet_NaN()}, nan_out(1);
   nn::gelu::forward(nan_in, nan_out);
   CHECK(std::isnan(nan_out[0]));  // a NaN in the activations reaches the loss, as overflow checks need
+}
+
+TEST_CASE("the softmax's exp: within 2e-7 relative of exp on (-87, 0], 0 from -87 down, NaN kept") {
+  double worst = 0;
+  for (int i = 0; i < 8700000; ++i) {  // x in (-87, 0]
+    const float x = -static_cast<float>(i) * 1e-5f;
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(nn::detail::exp_nonpositive(x) - want) / want);
+  }
+  MESSAGE("exp_nonpositive over (-87, 0]: worst relative error ", worst);
+  CHECK(worst <= 2e-7);
+  CHECK(nn::detail::exp_nonpositive(0.0f) == 1.0f);
+  CHECK(nn::detail::exp_nonpositive(-0.0f) == 1.0f);
+  for (float x : {-87.0f, -87.5f, -100.0f, -1e30f, -std::numeric_limits<float>::infinity()}) CHECK(nn::detail::exp_nonpositive(x) == 0.0f);
+  CHECK(std::isnan(nn::detail::exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
+namespace {
+// Causal attention in double, straight from its definition: out and dqkv for qkv and dout in the
+// layouts of nn::causal_attention.
+void attention_in_double(const nn::causal_attention& a, const std::vector<float>& qkv, const std::vector<float>& dout,
+                         std::vector<double>& out, std::vector<double>& dqkv) {
+  const std::size_t T = a.seq, B = a.batch, H = a.heads, D = a.head_dim;
+  const auto at = [&](std::size_t i, std::size_t b, std::size_t h, std::size_t w, std::size_t d) {
+    return (((i * B + b) * H + h) * 3 + w) * D + d;
+  };
+  const auto ot = [&](std::size_t i, std::size_t b, std::size_t h, std::size_t d) { return ((i * B + b) * H + h) * D + d; };
+  out.assign(a.out_size(), 0.0);
+  dqkv.assign(a.qkv_size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t i = 0; i < T; ++i) {
+        std::vector<double> p(i + 1), dp(i + 1);
+        double max = -INFINITY, sum = 0, dot = 0;
+        for (std::size_t j = 0; j <= i; ++j) {
+          for (std::size_t d = 0; d < D; ++d) p[j] += double{qkv[at(i, b, h, 0, d)]} * qkv[at(j, b, h, 1, d)];
+          p[j] *= scale;
+          max = std::max(max, p[j]);
+        }
+        for (std::size_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - max));
+        for (std::size_t j = 0; j <= i; ++j) {
+          p[j] /= sum;
+          for (std::size_t d = 0; d < D; ++d) {
+            out[ot(i, b, h, d)] += p[j] * qkv[at(j, b, h, 2, d)];
+            dp[j] += double{dout[ot(i, b, h, d)]} * qkv[at(j, b, h, 2, d)];
+            dqkv[at(j, b, h, 2, d)] += p[j] * dout[ot(i, b, h, d)];
+          }
+          dot += p[j] * dp[j];
+        }
+        for (std::size_t j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - dot) * scale;
+          for (std::size_t d = 0; d < D; ++d) {
+            dqkv[at(i, b, h, 0, d)] += ds * qkv[at(j, b, h, 1, d)];
+            dqkv[at(j, b, h, 1, d)] += ds * qkv[at(i, b, h, 0, d)];
+          }
+        }
+      }
+}
+}  // namespace
+
+TEST_CASE("causal_attention: out and dqkv within 2e-6 of the definition in double (rows past the 16-wide chunks)") {
+  // seq 37: rows of 1..37 columns, so the softmax's chunks of 16, their tails and the row
+  // blocks of 64 (one partial block) all occur; 150 also crosses a row block.
+  for (const std::size_t seq : {std::size_t{37}, std::size_t{150}}) {
+    const nn::causal_attention a{.seq = seq, .batch = 2, .heads = 3, .head_dim = 8};
+    const auto qkv = random_vector(a.qkv_size(), 81, -2.0f, 2.0f), dout = random_vector(a.out_size(), 82);
+    std::vector<float> out(a.out_size()), probs(a.probs_size()), dqkv(a.qkv_size());
+    a.forward(qkv, out, probs);
+    a.backward(qkv, probs, dout, dqkv);
+    std::vector<double> want_out, want_dqkv;
+    attention_in_double(a, qkv, dout, want_out, want_dqkv);
+    const auto normwise = [](const std::vector<float>& got, const std::vector<double>& want) {
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        diff = std::max(diff, std::abs(got[i] - want[i]));
+        norm = std::max(norm, std::abs(want[i]));
+      }
+      return diff / norm;
+    };
+    INFO("seq ", seq);
+    CHECK(normwise(out, want_out) <= 2e-6);
+    CHECK(normwise(dqkv, want_dqkv) <= 2e-6);
+    bool masked = true, sums = true;  // every (batch, head): 0 above the diagonal, rows summing to 1
+    for (std::size_t r = 0; r < a.batch * a.heads * seq; ++r) {
+      const std::size_t i = r % seq;
+      double sum = 0;
+      for (std::size_t j = 0; j < seq; ++j) (j <= i ? sum += probs[r * seq + j] : masked = masked && probs[r * seq + j] == 0.0f);
+      sums = sums && std::abs(sum - 1.0) <= 1e-6;
+    }
+    CHECK(masked);
+    CHECK(sums);
+  }
+}
+
+TEST_CASE("causal_attention: the AVX2 and AVX-512 softmax paths give the portable path's bits") {
+  namespace simd = trident::optim::detail;
+  const nn::causal_attention a{.seq = 53, .batch = 2, .heads = 2, .head_dim = 8};
+  auto qkv = random_vector(a.qkv_size(), 83, -6.0f, 6.0f);
+  const auto dout = random_vector(a.out_size(), 84);
+  auto run = [&](simd::host_isa isa) {
+    REQUIRE(simd::force_host_isa(isa));
+    std::vector<float> out(a.out_size()), probs(a.probs_size()), dqkv(a.qkv_size());
+    a.forward(qkv, out, probs);
+    a.backward(qkv, probs, dout, dqkv);
+    simd::unforce_host_isa();
+    std::vector<std::uint32_t> bits;
+    for (const auto* v : {&out, &probs, &dqkv})
+      for (float f : *v) bits.push_back(std::bit_cast<std::uint32_t>(f));
+    return bits;
+  };
+  const auto portable = run(simd::host_isa::portable);
+  for (const auto isa : {simd::host_isa::avx2, simd::host_isa::avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(simd::detected_host_isa())) continue;  // this CPU lacks it
+    INFO("isa ", static_cast<int>(isa));
+    CHECK(run(isa) == portable);
+  }
+  // A NaN in one query reaches that head's rows (as overflow checks need), not the others.
+  qkv[0] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> out(a.out_size()), probs(a.probs_size());
+  a.forward(qkv, out, probs);
+  CHECK(std::isnan(out[0]));
+  CHECK(!std::isnan(out[a.head_dim]));  // batch 0, head 1
+}
+
+TEST_CASE("layer_norm: the AVX2 and AVX-512 paths give the portable path's bits (with and without beta, ragged rows)") {
+  namespace simd = trident::optim::detail;
+  for (const std::size_t hidden : {std::size_t{7}, std::size_t{37}, std::size_t{128}})
+    for (const bool with_beta : {false, true}) {
+      const std::size_t rows = 5;
+      const nn::layer_norm ln{.hidden = hidden};
+      const auto x = random_vector(rows * hidden, 91, -3.0f, 5.0f), gamma = random_vector(hidden, 92),
+                 beta = random_vector(hidden, 93), dy = random_vector(rows * hidden, 94);
+      auto run = [&](simd::host_isa isa) {
+        REQUIRE(simd::force_host_isa(isa));
+        std::vector<float> y(rows * hidden), mean(rows), rstd(rows), dx(rows * hidden), dgamma(hidden, 0.5f),
+            dbeta(with_beta ? hidden : 0, 0.25f);
+        ln.forward(rows, x, gamma, with_beta ? std::span<const float>(beta) : std::span<const float>(), y, mean, rstd);
+        ln.backward(rows, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+        simd::unforce_host_isa();
+        std::vector<std::uint32_t> bits;
+        for (const auto* v : {&y, &mean, &rstd, &dx, &dgamma, &dbeta})
+          for (float f : *v) bits.push_back(std::bit_cast<std::uint32_t>(f));
+        return bits;
+      };
+      const auto portable = run(simd::host_isa::portable);
+      for (const auto isa : {simd::host_isa::avx2, simd::host_isa::avx512}) {
+        if (static_cast<int>(isa) > static_cast<int>(simd::detected_host_isa())) continue;  // this CPU lacks it
+        INFO("isa ", static_cast<int>(isa), " hidden ", hidden, " beta ", with_beta);
+        CHECK(run(isa) == portable);
+      }
+    }
 }
 
 TEST_CASE("gelu (tanh) matches PyTorch's values, its double formula, and central differences") {

@@ -54,6 +54,27 @@ inline float pick(bool c, float x, float y) noexcept {
   return std::bit_cast<float>((std::bit_cast<std::uint32_t>(x) & mask) | (std::bit_cast<std::uint32_t>(y) & ~mask));
 }
 
+// exp(x) for x in [-87, 88] (finite, not NaN): Cody-Waite reduction x = n ln 2 + r, |r| <=
+// ln(2)/2, a degree-7 Taylor polynomial for e^r (truncation below 6e-9 relative) and 2^n from
+// the exponent bits. Host only, shared by tanh_float and the attention's softmax.
+inline float exp_reduced(float x) noexcept {
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;      // ln 2 in two parts
+  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
+                  r * (1.0f / 720 + r * (1.0f / 5040)))))));
+  return p * std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23);
+}
+
+//! exp(x) for x <= 0, as a softmax needs it (x = score - row max), without a libm call so that
+//! the softmax's loops vectorise: within 1.1e-7 relative of exp (nn.host checks 2e-7); below -87
+//! it gives 0 (e^-87 = 1.6e-38, which a sum holding the maximum's term 1 cannot see); -inf
+//! gives 0 and NaN stays NaN.
+inline float exp_nonpositive(float x) noexcept {
+  const bool normal = x > -87.0f;
+  const float e = exp_reduced(pick(normal, x, -87.0f));
+  return pick(x != x, x, pick(normal, e, 0.0f));
+}
+
 TRIDENT_HOST_DEVICE inline float tanh_float(float z) noexcept {
 #if defined(__CUDA_ARCH__)
   return tanhf(z);
@@ -63,12 +84,7 @@ TRIDENT_HOST_DEVICE inline float tanh_float(float z) noexcept {
   const float small =
       a * (1.0f + a2 * (-1.0f / 3 + a2 * (2.0f / 15 + a2 * (-17.0f / 315 + a2 * (62.0f / 2835 +
       a2 * (-1382.0f / 155925 + a2 * (21844.0f / 6081075)))))));
-  const float x = 2.0f * a;                                          // exp(x), 0 <= x <= 18.2
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;      // ln 2 in two parts
-  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
-                  r * (1.0f / 720 + r * (1.0f / 5040)))))));
-  const float e = p * std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23);
+  const float e = exp_reduced(2.0f * a);                             // 0 <= 2a <= 18.2
   const float large = 1.0f - 2.0f / (e + 1.0f);
   const float t = pick(a < 0.4f, small, large);
   return pick(z != z, z, std::copysign(t, z));

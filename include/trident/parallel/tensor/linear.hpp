@@ -210,9 +210,7 @@ class row_parallel_linear {
     local_.forward(batch, x, w, {}, y);  // the bias comes after the sum
     reduce_from_region::forward(tp, y, y);
     const std::size_t out = local_.out_features;
-    if (!b.empty())
-      for (std::size_t r = 0; r < batch; ++r)
-        for (std::size_t o = 0; o < out; ++o) y[r * out + o] += b[o];
+    if (!b.empty()) trident::nn::detail::add_bias_rows(y.data(), b.data(), batch, out);
   }
 
   //! Sequence parallelism: the partial products [batch, out] (`partial`, scratch) are
@@ -231,9 +229,7 @@ class row_parallel_linear {
     local_.forward(batch, x, w, {}, partial);
     reduce_scatter_to_sequence::forward(tp, partial, y);
     const std::size_t out = local_.out_features, rows = batch / static_cast<std::size_t>(parts_);
-    if (!b.empty())
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t o = 0; o < out; ++o) y[r * out + o] += b[o];
+    if (!b.empty()) trident::nn::detail::add_bias_rows(y.data(), b.data(), rows, out);
   }
 
   //! dx_r [batch, in/t] = dy W_r (overwritten; empty: not wanted), dW_r += dy^T x_r, db += column
