@@ -50,6 +50,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
 #include "trident/nn/cuda/cublas.hpp"
+#include "trident/nn/flash_attention.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"

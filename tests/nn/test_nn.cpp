@@ -22,6 +22,7 @@
 #include "trident/core/error.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
+#include "trident/nn/flash_attention.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/optim/host_simd.hpp"
 #include "trident/nn/linear.hpp"
@@ -582,6 +583,63 @@ TEST_CASE("causal_attention: the AVX2 and AVX-512 softmax paths give the portabl
   a.forward(qkv, out, probs);
   CHECK(std::isnan(out[0]));
   CHECK(!std::isnan(out[a.head_dim]));  // batch 0, head 1
+}
+
+TEST_CASE("flash attention's tiles (emulated on the host): out, lse and dqkv of causal_attention, any seq") {
+  // seq 1, 37 (one partial tile), 64 (one whole), 130 (two whole and a 2-row one); head_dim 32 and 64.
+  for (const std::size_t head_dim : {std::size_t{32}, std::size_t{64}})
+    for (const std::size_t seq : {std::size_t{1}, std::size_t{37}, std::size_t{64}, std::size_t{130}}) {
+      INFO("seq ", seq, " head_dim ", head_dim);
+      const nn::causal_attention a{.seq = seq, .batch = 2, .heads = 2, .head_dim = head_dim};
+      const auto qkv = random_vector(a.qkv_size(), 101, -3.0f, 3.0f), dout = random_vector(a.out_size(), 102);
+      std::vector<float> out(a.out_size()), probs(a.probs_size()), dqkv(a.qkv_size());
+      a.forward(qkv, out, probs);
+      a.backward(qkv, probs, dout, dqkv);
+      const std::size_t rows = a.batch * a.heads * seq;
+      std::vector<float> f_out(a.out_size(), NAN), lse(rows, NAN), delta(rows), f_dqkv(a.qkv_size(), NAN);
+      nn::flash::emulate_forward(a, qkv, f_out, lse);
+      nn::flash::emulate_backward(a, qkv, f_out, lse, dout, delta, f_dqkv);
+      const auto normwise = [](const std::vector<float>& got, const std::vector<float>& want) {
+        double diff = 0, norm = 0;  // a NaN left anywhere (an element not written) fails
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          diff = std::isnan(got[i]) ? INFINITY : std::max(diff, static_cast<double>(std::abs(got[i] - want[i])));
+          norm = std::max(norm, static_cast<double>(std::abs(want[i])));
+        }
+        return diff / norm;
+      };
+      CHECK(normwise(f_out, out) <= 2e-6);
+      CHECK(normwise(f_dqkv, dqkv) <= 2e-6);
+      // lse against log sum_j exp(scale q_i . k_j) in double, from the saved probabilities'
+      // definition: p_ij = exp(s_ij - lse_i), so lse_i = s_ii - log p_ii.
+      double worst = 0;
+      const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+      for (std::size_t bh = 0; bh < a.batch * a.heads; ++bh)
+        for (std::size_t i = 0; i < seq; ++i) {
+          const auto at = [&](std::size_t pos, std::size_t which) { return ((pos * a.batch * a.heads + bh) * 3 + which) * head_dim; };
+          double max = -INFINITY;
+          std::vector<double> sc(i + 1);
+          for (std::size_t j = 0; j <= i; ++j) {
+            for (std::size_t d = 0; d < head_dim; ++d) sc[j] += double{qkv[at(i, 0) + d]} * qkv[at(j, 1) + d];
+            max = std::max(max, sc[j] *= scale);
+          }
+          double sum = 0;
+          for (double x : sc) sum += std::exp(x - max);
+          worst = std::max(worst, std::abs(lse[bh * seq + i] - (max + std::log(sum))));
+        }
+      CHECK(worst <= 1e-5);
+      // With the GPU's TF32 operands (what tests/nn/test_nn.cu compares the device against): the
+      // rounding shows, and stays at TF32's size.
+      std::vector<float> t_out(a.out_size()), t_lse(rows), t_dqkv(a.qkv_size());
+      nn::flash::emulate_forward(a, qkv, t_out, t_lse, true);
+      nn::flash::emulate_backward(a, qkv, t_out, t_lse, dout, delta, t_dqkv, true);
+      CHECK(normwise(t_out, out) <= 5e-3);
+      CHECK(normwise(t_dqkv, dqkv) <= 1e-2);
+      if (seq > 1) CHECK(normwise(t_dqkv, dqkv) > 10 * normwise(f_dqkv, dqkv));
+    }
+  const nn::causal_attention odd{.seq = 8, .batch = 1, .heads = 1, .head_dim = 48};
+  std::vector<float> x(odd.qkv_size()), y(odd.out_size()), l(8);
+  CHECK_THROWS_WITH_AS(nn::flash::emulate_forward(odd, x, y, l), doctest::Contains("head_dim 48 is not supported; expected 32 or 64"),
+                       trident::usage_error);
 }
 
 TEST_CASE("layer_norm: the AVX2 and AVX-512 paths give the portable path's bits (with and without beta, ragged rows)") {

@@ -16,8 +16,10 @@
 #include "trident/core/buffer.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
+#include "trident/nn/flash_attention.hpp"
 #include "trident/nn/cuda/attention.cuh"
 #include "trident/nn/cuda/cublas.hpp"
+#include "trident/nn/cuda/flash_attention.cuh"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/cuda/norm.cuh"
 #include "trident/nn/linear.hpp"
@@ -339,6 +341,74 @@ TEST_CASE("cuda::causal_attention matches nn::causal_attention; probabilities() 
   CHECK_THROWS_WITH_AS(dev.backward(blas, 0, d_qkv.device_handle(), d_probs.device_handle(), d_dout.device_handle(),
                                     d_dqkv.device_handle(), small.device_handle()),
                        doctest::Contains("the scratch ds has 10 elements"), trident::usage_error);
+}
+
+TEST_CASE("cuda::flash_attention: the host emulation of its tiles (TF32 operands), and causal_attention to TF32's rounding") {
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 8) {
+    MESSAGE("compute capability ", major, ".x: no TF32 tensor cores; flash_attention refuses it (checked below)");
+  }
+  const auto normwise = [](const std::vector<float>& got, const std::vector<float>& want) {
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      diff = std::isfinite(got[i]) ? std::max(diff, std::abs(static_cast<double>(got[i]) - want[i])) : INFINITY;
+      norm = std::max(norm, std::abs(static_cast<double>(want[i])));
+    }
+    return diff / norm;
+  };
+  struct shape_case {
+    std::size_t seq, batch, heads, head_dim;
+  };
+  // Partial tiles (37, 130), one tile exactly (64), GPT-2's head_dim at a longer seq (300).
+  for (const auto c : {shape_case{37, 1, 2, 32}, shape_case{64, 2, 1, 64}, shape_case{130, 2, 3, 64}, shape_case{300, 1, 2, 64}}) {
+    INFO("seq ", c.seq, " batch ", c.batch, " heads ", c.heads, " head_dim ", c.head_dim);
+    const nn::causal_attention host{.seq = c.seq, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim};
+    const nn::cuda::flash_attention dev{.seq = c.seq, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim};
+    const auto qkv = random_vector(host.qkv_size(), 61, -2.0f, 2.0f), dout = random_vector(host.out_size(), 62);
+    // The exact attention, and the tiles emulated with TF32 operands.
+    std::vector<float> out(host.out_size()), probs(host.probs_size()), dqkv(host.qkv_size());
+    host.forward(qkv, out, probs);
+    host.backward(qkv, probs, dout, dqkv);
+    std::vector<float> e_out(host.out_size()), e_lse(dev.lse_size()), e_delta(dev.lse_size()), e_dqkv(host.qkv_size());
+    nn::flash::emulate_forward(host, qkv, e_out, e_lse, true);
+    nn::flash::emulate_backward(host, qkv, e_out, e_lse, dout, e_delta, e_dqkv, true);
+    if (major < 8) {
+      buffer<float, cuda_space> q1(host.qkv_size()), o1(host.out_size()), l1(dev.lse_size());
+      CHECK_THROWS_WITH_AS(dev.forward(0, q1.device_handle(), o1.device_handle(), l1.device_handle()),
+                           doctest::Contains("needs TF32 tensor cores"), trident::usage_error);
+      return;
+    }
+    auto d_qkv = to_device(qkv), d_dout = to_device(dout);
+    buffer<float, cuda_space> d_out(host.out_size()), d_lse(dev.lse_size()), d_delta(dev.lse_size()), d_dqkv(host.qkv_size());
+    dev.forward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle());
+    dev.backward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle(), d_dout.device_handle(),
+                 d_delta.device_handle(), d_dqkv.device_handle());
+    const auto g_out = trident::to_vector(d_out), g_lse = trident::to_vector(d_lse), g_dqkv = trident::to_vector(d_dqkv);
+    MESSAGE("flash seq ", c.seq, " head_dim ", c.head_dim, ": out from the emulation ", normwise(g_out, e_out), ", from exact ",
+            normwise(g_out, out), "; dqkv from the emulation ", normwise(g_dqkv, e_dqkv), ", from exact ", normwise(g_dqkv, dqkv));
+    // The GPU's tiles are the emulated ones: only the tensor cores' summation order and exp's
+    // last bits differ. A layout or indexing mistake would be O(1).
+    CHECK(normwise(g_out, e_out) <= 2e-4);
+    CHECK(normwise(g_lse, e_lse) <= 2e-4);
+    CHECK(normwise(g_dqkv, e_dqkv) <= 5e-4);
+    // Against the exact attention: TF32's rounding and no more.
+    CHECK(normwise(g_out, out) <= 5e-3);
+    CHECK(normwise(g_dqkv, dqkv) <= 1e-2);
+    // Deterministic: no atomics.
+    buffer<float, cuda_space> again(host.qkv_size());
+    dev.backward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle(), d_dout.device_handle(),
+                 d_delta.device_handle(), again.device_handle());
+    CHECK(trident::to_vector(again) == g_dqkv);
+  }
+  const nn::cuda::flash_attention odd{.seq = 8, .batch = 1, .heads = 1, .head_dim = 48};
+  buffer<float, cuda_space> q(8 * 3 * 48), o(8 * 48), l(8), small(3);
+  CHECK_THROWS_WITH_AS(odd.forward(0, q.device_handle(), o.device_handle(), l.device_handle()),
+                       doctest::Contains("head_dim 48 is not supported"), trident::usage_error);
+  const nn::cuda::flash_attention fa{.seq = 8, .batch = 1, .heads = 1, .head_dim = 32};
+  buffer<float, cuda_space> q32(8 * 3 * 32), o32(8 * 32);
+  CHECK_THROWS_WITH_AS(fa.forward(0, q32.device_handle(), o32.device_handle(), small.device_handle()),
+                       doctest::Contains("lse has 3 elements, expected [batch=1, heads=1, seq=8] = 8"), trident::usage_error);
 }
 
 TEST_CASE("cuda::add_to is the host's float addition") {

@@ -1,0 +1,512 @@
+// trident/nn/flash_attention.hpp — causal attention in tiles that never store the [seq, seq]
+// probabilities (FlashAttention-2's algorithm), written once for the GPU's thread blocks and for
+// a host emulation of them.
+//
+// Synopsis (namespace trident::nn::flash)
+//   tile, threads, warps                 64 x 64 tiles, 4 warps of 32 threads per block
+//   struct problem { qkv, out, lse, dout, delta, dqkv, seq, batch, heads, head_dim, scale }
+//   template <int D> struct layout       a block's shared memory, in floats
+//   struct host_exec                     runs a block's threads one after another on the host
+//   template <int D, class Exec> void forward_block(ex, p, smem, qt, bh)
+//   template <int D, class Exec> void delta_rows(ex, p, first_row)   delta = rowsum(dout * out)
+//   template <int D, class Exec> void backward_kv_block(ex, p, smem, kt, bh)   dk, dv of key tile kt
+//   template <int D, class Exec> void backward_q_block(ex, p, smem, qt, bh)    dq of query tile qt
+//   void emulate_forward(p) / emulate_backward(p)   every block of the grid on the host, for tests
+//
+// nn::causal_attention's contract and layouts (nn/attention.hpp: qkv [seq, batch, heads, 3,
+// head_dim], out and dout [seq, batch, heads, head_dim], dqkv overwritten), except that forward
+// saves lse [batch, heads, seq] (each row's log-sum-exp of the scaled scores) instead of the
+// probabilities: 4 bytes per row instead of 4 * seq. Backward recomputes the probabilities from
+// q, k and lse, tile by tile.
+//
+// The algorithm. Forward, per (64-query tile, batch x head): for each key tile up to the
+// diagonal, S = q k^T * scale (masked above the diagonal and past seq), the running row maximum
+// m and sum l (online softmax: o and l rescaled by exp(m_old - m_new)), o += P v; at the end
+// o / l and lse = m + log l. Backward, two passes without atomics, so deterministic: per key
+// tile, dv += P^T dout and dk += dS^T q over the query tiles at or below it; per query tile,
+// dq += dS k over the key tiles up to it; with P = exp(S - lse) and dS = P * (dP - delta) *
+// scale, dP = dout v^T, delta = rowsum(dout * out) (which equals rowsum(P * dP)).
+//
+// How a block is written. A kernel is a sequence of phases separated by barriers; a phase is
+// `ex.each(f)` (f(t) for every thread t of the block) or `ex.warps(f)` (f(w) for every warp w,
+// whose 32 threads together run ex.mma on 16 x 16 tiles), and `ex.sync()` is the barrier.
+// Nothing a thread computes lives past a barrier except in shared memory, so the host can run a
+// block as plain loops (host_exec) and the GPU as threads (nn/cuda/flash_attention.cuh's
+// device_exec: wmma TF32 tiles, __syncthreads): the tiling, masking, online softmax and
+// gradients are tested on any machine (nn.host, against nn::causal_attention), and only the
+// device's tile products and barriers need a GPU.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "trident/core/config.hpp"
+#include "trident/core/error.hpp"
+#include "trident/nn/attention.hpp"
+
+namespace trident::nn::flash {
+
+inline constexpr int tile = 64;  // query rows and key columns per tile
+inline constexpr int warps = 4;  // each owns 16 of a tile's 64 rows
+inline constexpr int threads = warps * 32;
+inline constexpr int pad = 8;  // floats after each shared row: 32-byte aligned rows, fewer bank conflicts
+
+//! The tensors of one attention call and its shape. Pointers a kernel does not use may be null.
+struct problem {
+  const float* qkv = nullptr;
+  float* out = nullptr;  // forward writes out and lse [batch * heads, seq]
+  float* lse = nullptr;
+  const float* saved_out = nullptr;  // backward reads them
+  const float* saved_lse = nullptr;
+  const float* dout = nullptr;
+  float* delta = nullptr;  // [batch * heads, seq], backward's rowsum(dout * out)
+  float* dqkv = nullptr;
+  int seq = 0, batch = 0, heads = 0, head_dim = 0;
+  float scale = 0;
+
+  // Offsets of position i of (batch x head) bh: its q (which 0), k (1) or v (2) in qkv; its row in out.
+  TRIDENT_HOST_DEVICE std::size_t qkv_at(int i, int bh, int which) const {
+    return ((static_cast<std::size_t>(i) * batch * heads + bh) * 3 + which) * head_dim;
+  }
+  TRIDENT_HOST_DEVICE std::size_t out_at(int i, int bh) const {
+    return (static_cast<std::size_t>(i) * batch * heads + bh) * head_dim;
+  }
+  TRIDENT_HOST_DEVICE std::size_t row_at(int i, int bh) const { return static_cast<std::size_t>(bh) * seq + i; }
+};
+
+//! A block's shared memory for head_dim D: [64, D] matrices (q, k, v, o, dout, dq, dk, dv) with
+//! rows D + pad apart, [64, 64] ones (S, dP) with rows 72 apart, and per-row values.
+template <int D>
+struct layout {
+  static_assert(D % 16 == 0 && D >= 16, "flash attention tiles need head_dim a multiple of 16");
+  static constexpr int ld = D + pad;
+  static constexpr int lds = tile + pad;
+  static constexpr std::size_t mat = static_cast<std::size_t>(tile) * ld;
+  static constexpr std::size_t square = static_cast<std::size_t>(tile) * lds;
+  static constexpr std::size_t rows = tile;
+  // forward: q, k, v, o; S; m, l, alpha; two per-thread partials
+  static constexpr std::size_t forward_floats = 4 * mat + square + 3 * rows + 2 * threads;
+  // backward: four matrices held, two streamed, S and dP, lse and delta of the streamed rows
+  static constexpr std::size_t backward_floats = 6 * mat + 2 * square + 2 * rows;
+};
+
+namespace detail {
+
+TRIDENT_HOST_DEVICE inline float exp_(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+TRIDENT_HOST_DEVICE inline float log_(float x) {
+#if defined(__CUDA_ARCH__)
+  return logf(x);
+#else
+  return std::log(x);
+#endif
+}
+
+// Rows [row0, row0 + 64) of q, k or v (which) of bh into a [64, D] shared matrix; zeros past seq.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void load_qkv(Exec& ex, const problem& p, float* dst, int row0, int bh, int which) {
+  ex.each([&](int t) {
+    for (int idx = t; idx < tile * D; idx += threads) {
+      const int r = idx / D, d = idx % D, i = row0 + r;
+      dst[r * layout<D>::ld + d] = i < p.seq ? p.qkv[p.qkv_at(i, bh, which) + d] : 0.0f;
+    }
+  });
+}
+// The same for rows of a [seq, batch, heads, D] tensor (out, dout).
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void load_rows(Exec& ex, const problem& p, const float* src, float* dst, int row0, int bh) {
+  ex.each([&](int t) {
+    for (int idx = t; idx < tile * D; idx += threads) {
+      const int r = idx / D, d = idx % D, i = row0 + r;
+      dst[r * layout<D>::ld + d] = i < p.seq ? src[p.out_at(i, bh) + d] : 0.0f;
+    }
+  });
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void zero(Exec& ex, float* dst) {
+  ex.each([&](int t) {
+    for (int idx = t; idx < tile * layout<D>::ld; idx += threads) dst[idx] = 0.0f;
+  });
+}
+// Rows of a [64, D] shared matrix into q, k or v (which) of dqkv, rows below seq only.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void store_qkv(Exec& ex, const problem& p, const float* src, int row0, int bh, int which) {
+  ex.each([&](int t) {
+    for (int idx = t; idx < tile * D; idx += threads) {
+      const int r = idx / D, d = idx % D, i = row0 + r;
+      if (i < p.seq) p.dqkv[p.qkv_at(i, bh, which) + d] = src[r * layout<D>::ld + d];
+    }
+  });
+}
+
+// The tile products a warp runs, 16 x 16 output tiles of C (row-major, ldc) over k:
+//   scores:   C[16w.., 0:64]  = A[16w.., 0:D] B[0:64, 0:D]^T       (q k^T, dout v^T)
+//   rows:     C[16w.., 0:D]  += A[16w.., 0:64] B[0:64, 0:D]        (P v, dS k)
+//   columns:  C[16w.., 0:D]  += A[0:64, 16w..]^T B[0:64, 0:D]      (P^T dout, dS^T q)
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void scores(Exec& ex, int w, const float* a, const float* b, float* c) {
+  constexpr int ld = layout<D>::ld, lds = layout<D>::lds;
+  for (int j = 0; j < tile / 16; ++j)
+    ex.template mma<true, false>(c + 16 * w * lds + 16 * j, lds, a + 16 * w * ld, ld, b + 16 * j * ld, ld, D, false);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void rows_times(Exec& ex, int w, const float* a, const float* b, float* c) {
+  constexpr int ld = layout<D>::ld, lds = layout<D>::lds;
+  for (int j = 0; j < D / 16; ++j)
+    ex.template mma<true, true>(c + 16 * w * ld + 16 * j, ld, a + 16 * w * lds, lds, b + 16 * j, ld, tile, true);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void columns_times(Exec& ex, int w, const float* a, const float* b, float* c) {
+  constexpr int ld = layout<D>::ld, lds = layout<D>::lds;
+  for (int j = 0; j < D / 16; ++j)
+    ex.template mma<false, true>(c + 16 * w * ld + 16 * j, ld, a + 16 * w, lds, b + 16 * j, ld, tile, true);
+}
+
+}  // namespace detail
+
+//! Forward for query tile qt of (batch x head) bh: out's rows and lse; smem holds
+//! layout<D>::forward_floats.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, float* smem, int qt, int bh) {
+  using L = layout<D>;
+  float* q = smem;
+  float* k = q + L::mat;
+  float* v = k + L::mat;
+  float* o = v + L::mat;
+  float* s = o + L::mat;
+  float* m = s + L::square;
+  float* l = m + L::rows;
+  float* alpha = l + L::rows;
+  float* part_max = alpha + L::rows;
+  float* part_sum = part_max + threads;
+  const int q0 = qt * tile;
+  detail::load_qkv<D>(ex, p, q, q0, bh, 0);
+  detail::zero<D>(ex, o);
+  ex.each([&](int t) {
+    if (t < tile) {
+      m[t] = -INFINITY;
+      l[t] = 0.0f;
+    }
+  });
+  ex.sync();
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * tile;
+    detail::load_qkv<D>(ex, p, k, k0, bh, 1);
+    detail::load_qkv<D>(ex, p, v, k0, bh, 2);
+    ex.sync();
+    ex.warps([&](int w) { detail::scores<D>(ex, w, q, k, s); });
+    ex.sync();
+    // Two threads per row, 32 columns each: scale, mask, and each half's maximum.
+    ex.each([&](int t) {
+      const int r = t / 2, c0 = (t % 2) * (tile / 2);
+      float mx = -INFINITY;
+      for (int c = c0; c < c0 + tile / 2; ++c) {
+        const bool keep = k0 + c <= q0 + r && k0 + c < p.seq;
+        const float x = keep ? s[r * L::lds + c] * p.scale : -INFINITY;
+        s[r * L::lds + c] = x;
+        mx = x > mx ? x : mx;
+      }
+      part_max[t] = mx;
+    });
+    ex.sync();
+    ex.each([&](int t) {
+      const int r = t / 2, c0 = (t % 2) * (tile / 2);
+      const float mx = part_max[2 * r] > part_max[2 * r + 1] ? part_max[2 * r] : part_max[2 * r + 1];
+      const float m_new = m[r] > mx ? m[r] : mx;
+      float sum = 0.0f;
+      for (int c = c0; c < c0 + tile / 2; ++c) {
+        // A row with nothing unmasked yet (only rows past seq) keeps P = 0, not exp(-inf + inf).
+        const float e = m_new == -INFINITY ? 0.0f : detail::exp_(s[r * L::lds + c] - m_new);
+        s[r * L::lds + c] = e;
+        sum += e;
+      }
+      part_sum[t] = sum;
+    });
+    ex.sync();
+    ex.each([&](int t) {
+      if (t < tile) {
+        const float mx = part_max[2 * t] > part_max[2 * t + 1] ? part_max[2 * t] : part_max[2 * t + 1];
+        const float m_new = m[t] > mx ? m[t] : mx;
+        const float a = m_new == -INFINITY ? 1.0f : detail::exp_(m[t] - m_new);
+        alpha[t] = a;
+        l[t] = l[t] * a + (part_sum[2 * t] + part_sum[2 * t + 1]);
+        m[t] = m_new;
+      }
+    });
+    ex.sync();
+    ex.each([&](int t) {
+      for (int idx = t; idx < tile * D; idx += threads) {
+        const int r = idx / D, d = idx % D;
+        o[r * L::ld + d] *= alpha[r];
+      }
+    });
+    ex.sync();
+    ex.warps([&](int w) { detail::rows_times<D>(ex, w, s, v, o); });
+    ex.sync();
+  }
+  ex.each([&](int t) {
+    for (int idx = t; idx < tile * D; idx += threads) {
+      const int r = idx / D, d = idx % D, i = q0 + r;
+      if (i < p.seq) p.out[p.out_at(i, bh) + d] = o[r * L::ld + d] / l[r];
+    }
+    if (t < tile && q0 + t < p.seq) p.lse[p.row_at(q0 + t, bh)] = m[t] + detail::log_(l[t]);
+  });
+}
+
+//! delta[bh, i] = sum_d dout[i, bh, d] out[i, bh, d] for the `threads` rows (i, bh) from
+//! first_row on (row index bh * seq + i), one thread each.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void delta_rows(Exec& ex, const problem& p, std::size_t first_row) {
+  ex.each([&](int t) {
+    const std::size_t row = first_row + static_cast<std::size_t>(t);
+    if (row >= static_cast<std::size_t>(p.batch) * p.heads * p.seq) return;
+    const int bh = static_cast<int>(row / p.seq), i = static_cast<int>(row % p.seq);
+    const float* g = p.dout + p.out_at(i, bh);
+    const float* y = p.saved_out + p.out_at(i, bh);
+    float sum = 0.0f;
+    for (int d = 0; d < D; ++d) sum += g[d] * y[d];
+    p.delta[row] = sum;
+  });
+}
+
+namespace detail {
+
+// S (holding q k^T) becomes P = exp(S scale - lse) and dP (holding dout v^T) becomes dS =
+// P (dP - delta) scale, both zero where masked: above the diagonal, past seq.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void probabilities_and_ds(Exec& ex, const problem& p, float* s, float* dp, const float* lse,
+                                              const float* delta, int q0, int k0) {
+  constexpr int lds = layout<D>::lds;
+  ex.each([&](int t) {
+    for (int idx = t; idx < tile * tile; idx += threads) {
+      const int r = idx / tile, c = idx % tile;
+      const bool keep = k0 + c <= q0 + r && k0 + c < p.seq && q0 + r < p.seq;
+      const float pr = keep ? exp_(s[r * lds + c] * p.scale - lse[r]) : 0.0f;
+      s[r * lds + c] = pr;
+      dp[r * lds + c] = pr * (dp[r * lds + c] - delta[r]) * p.scale;
+    }
+  });
+}
+
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec>
+TRIDENT_HOST_DEVICE void load_row_values(Exec& ex, const problem& p, float* lse, float* delta, int row0, int bh) {
+  ex.each([&](int t) {
+    if (t < tile) {
+      const int i = row0 + t;
+      lse[t] = i < p.seq ? p.saved_lse[p.row_at(i, bh)] : 0.0f;
+      delta[t] = i < p.seq ? p.delta[p.row_at(i, bh)] : 0.0f;
+    }
+  });
+}
+
+}  // namespace detail
+
+//! Backward for key tile kt of bh: its rows of dk and dv in dqkv; smem holds
+//! layout<D>::backward_floats; lse from forward and delta from delta_rows.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, float* smem, int kt, int bh) {
+  using L = layout<D>;
+  float* k = smem;
+  float* v = k + L::mat;
+  float* dk = v + L::mat;
+  float* dv = dk + L::mat;
+  float* q = dv + L::mat;
+  float* g = q + L::mat;  // dout's rows
+  float* s = g + L::mat;
+  float* dp = s + L::square;
+  float* lse = dp + L::square;
+  float* delta = lse + L::rows;
+  const int k0 = kt * tile;
+  detail::load_qkv<D>(ex, p, k, k0, bh, 1);
+  detail::load_qkv<D>(ex, p, v, k0, bh, 2);
+  detail::zero<D>(ex, dk);
+  detail::zero<D>(ex, dv);
+  for (int q0 = k0; q0 < p.seq; q0 += tile) {
+    detail::load_qkv<D>(ex, p, q, q0, bh, 0);
+    detail::load_rows<D>(ex, p, p.dout, g, q0, bh);
+    detail::load_row_values(ex, p, lse, delta, q0, bh);
+    ex.sync();
+    ex.warps([&](int w) {
+      detail::scores<D>(ex, w, q, k, s);
+      detail::scores<D>(ex, w, g, v, dp);
+    });
+    ex.sync();
+    detail::probabilities_and_ds<D>(ex, p, s, dp, lse, delta, q0, k0);
+    ex.sync();
+    ex.warps([&](int w) {
+      detail::columns_times<D>(ex, w, s, g, dv);
+      detail::columns_times<D>(ex, w, dp, q, dk);
+    });
+    ex.sync();
+  }
+  detail::store_qkv<D>(ex, p, dk, k0, bh, 1);
+  detail::store_qkv<D>(ex, p, dv, k0, bh, 2);
+}
+
+//! Backward for query tile qt of bh: its rows of dq in dqkv; smem as backward_kv_block's.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, float* smem, int qt, int bh) {
+  using L = layout<D>;
+  float* q = smem;
+  float* g = q + L::mat;
+  float* dq = g + L::mat;
+  float* k = dq + L::mat;
+  float* v = k + L::mat;
+  float* s = v + 2 * L::mat;  // one matrix unused: the same layout as backward_kv_block
+  float* dp = s + L::square;
+  float* lse = dp + L::square;
+  float* delta = lse + L::rows;
+  const int q0 = qt * tile;
+  detail::load_qkv<D>(ex, p, q, q0, bh, 0);
+  detail::load_rows<D>(ex, p, p.dout, g, q0, bh);
+  detail::load_row_values(ex, p, lse, delta, q0, bh);
+  detail::zero<D>(ex, dq);
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * tile;
+    detail::load_qkv<D>(ex, p, k, k0, bh, 1);
+    detail::load_qkv<D>(ex, p, v, k0, bh, 2);
+    ex.sync();
+    ex.warps([&](int w) {
+      detail::scores<D>(ex, w, q, k, s);
+      detail::scores<D>(ex, w, g, v, dp);
+    });
+    ex.sync();
+    detail::probabilities_and_ds<D>(ex, p, s, dp, lse, delta, q0, k0);
+    ex.sync();
+    ex.warps([&](int w) { detail::rows_times<D>(ex, w, dp, k, dq); });
+    ex.sync();
+  }
+  detail::store_qkv<D>(ex, p, dq, q0, bh, 0);
+}
+
+//! A block's threads run one after another: each(f) is a loop over the 128 threads, warps(f)
+//! over the 4 warps, and mma the tile product in float (the GPU's rounds operands to TF32).
+struct host_exec {
+  bool tf32 = false;  // round mma's operands to TF32 first, as the GPU's tensor cores take them
+
+  template <class F>
+  void each(F&& f) const {
+    for (int t = 0; t < threads; ++t) f(t);
+  }
+  template <class F>
+  void warps(F&& f) const {
+    for (int w = 0; w < flash::warps; ++w) f(w);
+  }
+  void sync() const noexcept {}
+  //! C[16, 16] (+)= A[16, k] B[k, 16]; A(i, j) at a[i * lda + j] when ARow, else a[j * lda + i];
+  //! B(i, j) at b[i * ldb + j] when BRow, else b[j * ldb + i].
+  template <bool ARow, bool BRow>
+  void mma(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int k, bool accumulate) const {
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) {
+        float sum = accumulate ? c[i * ldc + j] : 0.0f;
+        for (int x = 0; x < k; ++x)
+          sum += round(ARow ? a[i * lda + x] : a[x * lda + i]) * round(BRow ? b[x * ldb + j] : b[j * ldb + x]);
+        c[i * ldc + j] = sum;
+      }
+  }
+  //! To TF32 as cvt.rna.tf32.f32 (the wmma conversion): nearest, ties away from zero, 10 bits.
+  float round(float v) const noexcept {
+    if (!tf32 || !std::isfinite(v)) return v;
+    const auto bits = std::bit_cast<std::uint32_t>(v);
+    return std::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);
+  }
+};
+
+//! The head dimensions the tiles are compiled for (shared memory: forward 94 KiB, backward
+//! 147 KiB at 64); another gives an error naming these.
+inline constexpr bool supported_head_dim(std::size_t d) noexcept { return d == 32 || d == 64; }
+
+inline problem make_problem(const causal_attention& shape) {
+  TRIDENT_EXPECT(supported_head_dim(shape.head_dim), "flash attention: head_dim ", shape.head_dim,
+                 " is not supported; expected 32 or 64 (the unfused nn::cuda::causal_attention takes any)");
+  problem p;
+  p.seq = static_cast<int>(shape.seq);
+  p.batch = static_cast<int>(shape.batch);
+  p.heads = static_cast<int>(shape.heads);
+  p.head_dim = static_cast<int>(shape.head_dim);
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
+  return p;
+}
+
+namespace detail {
+template <int D>
+void emulate_forward(const problem& p, bool tf32) {
+  std::vector<float> smem(layout<D>::forward_floats);
+  host_exec ex{tf32};
+  for (int bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int qt = 0; qt * tile < p.seq; ++qt) forward_block<D>(ex, p, smem.data(), qt, bh);
+}
+template <int D>
+void emulate_backward(const problem& p, bool tf32) {
+  std::vector<float> smem(layout<D>::backward_floats);
+  host_exec ex{tf32};
+  const std::size_t rows = static_cast<std::size_t>(p.batch) * p.heads * p.seq;
+  for (std::size_t r = 0; r < rows; r += threads) delta_rows<D>(ex, p, r);
+  for (int bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int t = 0; t * tile < p.seq; ++t) {
+      backward_kv_block<D>(ex, p, smem.data(), t, bh);
+      backward_q_block<D>(ex, p, smem.data(), t, bh);
+    }
+}
+}  // namespace detail
+
+//! The whole grid on the host, block after block, in float: out and lse [batch, heads, seq]
+//! from qkv; with tf32, the products' operands rounded as the GPU's are. For tests of the tiles
+//! and of the GPU's results; nn::causal_attention is the host's attention for training.
+inline void emulate_forward(const causal_attention& shape, std::span<const float> qkv, std::span<float> out,
+                            std::span<float> lse, bool tf32 = false) {
+  problem p = make_problem(shape);
+  shape.check("flash::emulate_forward", qkv.size(), out.size(), shape.probs_size());
+  TRIDENT_EXPECT(lse.size() == shape.batch * shape.heads * shape.seq, "flash::emulate_forward: lse has ", lse.size(),
+                 " elements, expected [batch, heads, seq] = ", shape.batch * shape.heads * shape.seq);
+  p.qkv = qkv.data();
+  p.out = out.data();
+  p.lse = lse.data();
+  shape.head_dim == 32 ? detail::emulate_forward<32>(p, tf32) : detail::emulate_forward<64>(p, tf32);
+}
+
+//! dqkv (overwritten) from forward's qkv, out and lse and from dout; delta is scratch of lse's size.
+inline void emulate_backward(const causal_attention& shape, std::span<const float> qkv, std::span<const float> out,
+                             std::span<const float> lse, std::span<const float> dout, std::span<float> delta,
+                             std::span<float> dqkv, bool tf32 = false) {
+  problem p = make_problem(shape);
+  shape.check("flash::emulate_backward", qkv.size(), out.size(), shape.probs_size());
+  const std::size_t rows = shape.batch * shape.heads * shape.seq;
+  TRIDENT_EXPECT(lse.size() == rows && delta.size() == rows && dout.size() == out.size() && dqkv.size() == qkv.size(),
+                 "flash::emulate_backward: expected lse and delta [batch, heads, seq] = ", rows, ", dout as out (",
+                 out.size(), ") and dqkv as qkv (", qkv.size(), "); got ", lse.size(), ", ", delta.size(), ", ",
+                 dout.size(), ", ", dqkv.size());
+  p.qkv = qkv.data();
+  p.saved_out = out.data();
+  p.saved_lse = lse.data();
+  p.dout = dout.data();
+  p.delta = delta.data();
+  p.dqkv = dqkv.data();
+  shape.head_dim == 32 ? detail::emulate_backward<32>(p, tf32) : detail::emulate_backward<64>(p, tf32);
+}
+
+}  // namespace trident::nn::flash
