@@ -22,6 +22,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/cuda/attention.cuh"
 #include "trident/nn/cuda/cublas.hpp"
+#include "trident/nn/cuda/flash_attention.cuh"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/cuda/norm.cuh"
 
@@ -133,6 +134,26 @@ int main(int argc, char** argv) {
     }
     std::printf("  (the softmax alone: scores + softmax less the scores GEMM; its floor: the [B, H, T, T] probabilities written once, %.0f MB)\n",
                 pp * f4 / 1e6);
+    // The tiled attention (TF32 tensor cores, whatever the GEMM math above): the same work
+    // without the probabilities; TFLOP/s of the causal products it must do (forward q k^T and
+    // P v; backward those recomputed and dP, dq, dk, dv: 2 and 5 products of B H T^2 d / 2 MACs).
+    int device = 0, major = 0;
+    TRIDENT_CUDA_CHECK(cudaGetDevice(&device));
+    TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major >= 8 && nn::flash::supported_head_dim(h / heads)) {
+      const nn::cuda::flash_attention fa{.seq = seq, .batch = batch, .heads = heads, .head_dim = h / heads};
+      auto lse = filled(fa.lse_size(), 0.0f), delta = filled(fa.lse_size(), 0.0f);
+      const double causal = static_cast<double>(batch * heads) * static_cast<double>(seq) * static_cast<double>(seq) *
+                            static_cast<double>(h / heads);  // 2 B H T^2 d / 2: one causal product's FLOPs
+      std::printf(" flash attention (TF32 tiles, lse [B, H, T] kept instead of the probabilities)\n");
+      line("flash attention forward", time_ms([&] {
+             fa.forward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle());
+           }, reps), 0, 2 * causal);
+      line("flash attention backward", time_ms([&] {
+             fa.backward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle(), dy.device_handle(),
+                         delta.device_handle(), dqkv.device_handle());
+           }, reps), 0, 5 * causal);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_block_ops_cuda: %s\n", e.what());
     return 1;
