@@ -76,6 +76,9 @@ constexpr const char* usage = R"(usage: flagship [options]
   --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
   --gemm fp32|tf32       nccl: the GEMMs' math (default: fp32 for fp32, tf32 tensor cores for
                          bf16; fp32 is the host's arithmetic)
+  --attention standard|flash   nccl: attention's core: the [seq, seq] probabilities kept
+                         (standard, the default), or tiles keeping one value per row, on TF32
+                         tensor cores (flash; head_dim 32 or 64, compute capability 8.0+)
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --recompute none|selective|full   activations kept for backward: all; all but attention's
@@ -101,7 +104,8 @@ arguments collect(int argc, char** argv) {
   static const std::vector<std::string> valued{"--backend", "--ranks", "--config", "--tensor", "--pipeline", "--virtual", "--schedule",
                                                "--zero", "--steps", "--micro-batch", "--accumulation", "--lr", "--warmup", "--clip",
                                                "--seed", "--precision", "--layers", "--hidden", "--heads", "--seq", "--data", "--eval-every",
-                                               "--trace-step", "--out", "--save", "--save-every", "--keep", "--recompute", "--gemm"};
+                                               "--trace-step", "--out", "--save", "--save-every", "--keep", "--recompute", "--gemm",
+                                               "--attention"};
   arguments out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -307,7 +311,10 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--save-every") o.save_every = integer(a, v);
     else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v));
     else if (a == "--resume") o.resume = true;
-    else if (a == "--gemm") {
+    else if (a == "--attention") {
+      TRIDENT_EXPECT(v == "standard" || v == "flash", "flagship: --attention ", v, "; expected standard or flash");
+      o.model.flash_attention = v == "flash";
+    } else if (a == "--gemm") {
       using trident::nn::gemm_math;
       TRIDENT_EXPECT(v == "fp32" || v == "tf32", "flagship: --gemm ", v, "; expected fp32 or tf32");
       o.gpu_gemm = v == "fp32" ? gemm_math::fp32 : gemm_math::tf32;
@@ -345,7 +352,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   const int d = world.size() / (o.tensor * o.pipeline);
   if (speaker)
     std::printf("trident %s flagship: GPT %zu layers, hidden %zu, %zu heads, seq %zu, vocab %zu = %.2fM parameters\n"
-                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s\n"
+                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s%s\n"
                 "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, warm-up %ld, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
                 static_cast<double>(o.model.parameters()) / 1e6, world.size(),
@@ -353,7 +360,8 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
                 o.pipeline, o.model.sequence_parallel ? " + sequence parallel" : "", o.pipeline * o.virtual_stages,
                 o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, s.precision.c_str(),
                 o.model.recompute == flagship::recompute_mode::none ? "" : ", recompute ",
-                o.model.recompute == flagship::recompute_mode::none ? "" : flagship::name_of(o.model.recompute), d * o.accumulation, o.micro_batch,
+                o.model.recompute == flagship::recompute_mode::none ? "" : flagship::name_of(o.model.recompute),
+                o.model.flash_attention ? ", flash attention" : "", d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
                 static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {
@@ -412,6 +420,8 @@ int main(int argc, char** argv) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     TRIDENT_EXPECT(backend == "nccl" || option(args, "--gemm", "").empty(), "flagship: --gemm is the GPU path's (--backend nccl); "
                    "the ", backend, " backend computes its GEMMs in float");
+    TRIDENT_EXPECT(backend == "nccl" || option(args, "--attention", "standard") == "standard", "flagship: --attention flash is the "
+                   "GPU path's (--backend nccl); the ", backend, " backend runs the standard attention");
     if (backend == "local") {
       const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
       TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);

@@ -170,6 +170,12 @@ TEST_CASE("gpt: bad input is an error that names what was expected, on every ran
     CHECK_MESSAGE(e.find("a world of 6 ranks is not d x t x p for t = 2 and p = 2") != std::string::npos, e);
   }
   {
+    auto bad = o;  // the GPU path's attention, asked of the host
+    bad.model.flash_attention = true;
+    const auto e = failure(bad);
+    CHECK_MESSAGE(e.find("flash attention is the GPU path's (gpt_cuda_rank, --backend nccl)") != std::string::npos, e);
+  }
+  {
     auto bad = o;
     bad.schedule = "zigzag";
     const auto e = failure(bad);

@@ -76,6 +76,22 @@ TEST_CASE("transformer block: heads and features that t does not divide are name
   for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
 }
 
+TEST_CASE("transformer block: flash attention is the GPU block's; the host block refuses to run it, naming it") {
+  local_world::run(1, [](local_comm& tp) {
+    namespace tensor = trident::tensor;
+    const tensor::transformer_block blk(tp, {.seq = 4, .batch = 1, .hidden = 64, .heads = 2, .flash_attention = true}, "h0");
+    std::vector<std::vector<float>> w;
+    for (const auto& p : blk.parameters()) w.emplace_back(p.split.numel(), 0.5f);
+    auto saved = blk.make_activations();
+    std::vector<float> x(4 * 64, 0.1f), y(4 * 64);
+    CHECK_THROWS_WITH_AS(blk.forward(tp, tensor::block_tensors<const float>::over(w), x, y, saved),
+                         doctest::Contains("h0.forward: block_config::flash_attention is the GPU block's"), trident::usage_error);
+    CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 4, .batch = 1, .hidden = 48, .heads = 1, .flash_attention = true}),
+                         doctest::Contains("flash attention takes head_dim 32 or 64; hidden 48 over 1 heads is 48"),
+                         trident::usage_error);
+  });
+}
+
 namespace {
 
 // Central differences of L = sum(out * weights) against the analytic gradient at `samples`

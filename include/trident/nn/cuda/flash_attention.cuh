@@ -18,7 +18,8 @@
 // to shared memory (so nothing depends on the fragments' register layout). Products therefore
 // round their operands to TF32 (10-bit mantissa), as cuBLAS's TF32 mode does; sums are in float.
 // Deterministic: no atomics (dq has its own pass over the key tiles). Needs compute capability
-// 8.0 or newer (TF32 tensor cores) and up to 145 KiB of shared memory per block at head_dim 64.
+// 8.0 or newer (TF32 tensor cores) and 137 KiB of shared memory per block at head_dim 64 (A100,
+// H100; not the 99 KiB of sm_86/sm_89 cards: refused there with an error before anything runs).
 //
 //   trident::nn::cuda::flash_attention fa{.seq = 1024, .batch = 16, .heads = 12, .head_dim = 64};
 //   fa.forward(stream, qkv, out, lse);
@@ -91,7 +92,8 @@ template <int D>
 __global__ void __launch_bounds__(flash::threads) flash_forward_kernel(flash::problem p) {
   extern __shared__ __align__(128) float flash_smem[];
   flash_device_exec ex;
-  flash::forward_block<D>(ex, p, flash_smem, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+  // The last query tiles (the most key tiles) first, so that the grid's tail is short ones.
+  flash::forward_block<D>(ex, p, flash_smem, static_cast<int>(gridDim.x - 1 - blockIdx.x), static_cast<int>(blockIdx.y));
 }
 template <int D>
 __global__ void __launch_bounds__(flash::threads) flash_delta_kernel(flash::problem p) {
@@ -108,7 +110,7 @@ template <int D>
 __global__ void __launch_bounds__(flash::threads) flash_backward_q_kernel(flash::problem p) {
   extern __shared__ __align__(128) float flash_smem[];
   flash_device_exec ex;
-  flash::backward_q_block<D>(ex, p, flash_smem, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+  flash::backward_q_block<D>(ex, p, flash_smem, static_cast<int>(gridDim.x - 1 - blockIdx.x), static_cast<int>(blockIdx.y));
 }
 
 // Launch a kernel that takes `floats` of dynamic shared memory (over the default 48 KiB: the
@@ -187,14 +189,23 @@ struct flash_attention {
     shape().check(who, qkv, out, shape().probs_size());
     TRIDENT_EXPECT(lse == lse_size(), who, ": lse has ", lse, " elements, expected [batch=", batch, ", heads=", heads,
                    ", seq=", seq, "] = ", lse_size());
-    TRIDENT_EXPECT(seq <= 0x7fffffffu && batch * heads <= 65535u, who, ": seq ", seq, " and batch x heads ", batch * heads,
-                   " exceed the grid (at most 2^31 - 1 and 65535)");
-    int device = 0, major = 0;
+    TRIDENT_EXPECT(seq <= static_cast<std::size_t>(0x7fffffff - flash::tile) && batch * heads <= 65535u, who, ": seq ", seq,
+                   " and batch x heads ", batch * heads, " exceed the grid (at most 2^31 - 65 and 65535)");
+    flash::problem p = flash::make_problem(shape());  // checks head_dim
+    // The current device (the one the caller's stream belongs to, as for every kernel here).
+    int device = 0, major = 0, optin = 0;
     TRIDENT_CUDA_CHECK(cudaGetDevice(&device));
     TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     TRIDENT_EXPECT(major >= 8, who, ": needs TF32 tensor cores (compute capability 8.0 or newer); device ", device,
                    " has ", major, ".x; use nn::cuda::causal_attention there");
-    return flash::make_problem(shape());  // checks head_dim
+    // Both directions' needs, checked before forward: a backward that cannot launch must not
+    // surface in the middle of a training step.
+    TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const std::size_t needed = sizeof(float) * (head_dim == 32 ? flash::layout<32>::backward_floats : flash::layout<64>::backward_floats);
+    TRIDENT_EXPECT(needed <= static_cast<std::size_t>(optin), who, ": backward's tiles need ", needed, " bytes of shared memory "
+                   "per block at head_dim ", head_dim, "; device ", device, " allows ", optin,
+                   "; use nn::cuda::causal_attention there");
+    return p;
   }
 };
 

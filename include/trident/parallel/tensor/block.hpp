@@ -18,7 +18,7 @@
 // over this rank's rows, all-reduced over the group (one call of 4 x hidden floats).
 //
 //   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps,
-//                             sequence_parallel, selective_recompute
+//                             sequence_parallel, selective_recompute, flash_attention (GPU only)
 //   template <class T, class Space = host_space> struct block_tensors
 //                             one span per parameter, in parameters() order (device_span on CUDA)
 //   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads),
@@ -67,6 +67,7 @@
 #include "trident/model/sharding.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
+#include "trident/nn/flash_attention.hpp"
 #include "trident/nn/norm.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 
@@ -88,6 +89,12 @@ struct block_config {
   //! recomputes them from the kept q, k, v into a workspace that the blocks sharing it
   //! (share_attention_workspace) hold once. Bitwise the same training.
   bool selective_recompute = false;
+  //! The GPU block's attention in tiles (nn::cuda::flash_attention): forward keeps each row's
+  //! log-sum-exp ([batch, heads / t, seq]) instead of the probabilities, backward recomputes them
+  //! tile by tile (so selective_recompute changes nothing), and the products run on TF32 tensor
+  //! cores. head_dim 32 or 64, compute capability 8.0+. tensor::cuda's block only: the host
+  //! block refuses to run with it.
+  bool flash_attention = false;
 };
 
 //! The block's parameters (or their gradients), one span each, this rank's parts: std::span in
@@ -277,6 +284,8 @@ class transformer_block {
                block_activations& s) const {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "forward", tp, parts_);
+    TRIDENT_EXPECT(!c_.flash_attention, name_, ".forward: block_config::flash_attention is the GPU block's "
+                   "(tensor::cuda::transformer_block); the host block runs nn::causal_attention");
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
     TRIDENT_EXPECT(x.size() == m * h && y.size() == m * h, name_, ".forward: x and y must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", x.size(), " and ", y.size());
@@ -315,6 +324,8 @@ class transformer_block {
                 std::span<float> dx, const block_tensors<float>& g) const {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "backward", tp, parts_);
+    TRIDENT_EXPECT(!c_.flash_attention, name_, ".backward: block_config::flash_attention is the GPU block's "
+                   "(tensor::cuda::transformer_block); the host block runs nn::causal_attention");
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
     TRIDENT_EXPECT(dy.size() == m * h && dx.size() == m * h, name_, ".backward: dy and dx must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", dy.size(), " and ", dx.size());
@@ -360,6 +371,8 @@ class transformer_block {
                    parts, "; expected a multiple of t");
     TRIDENT_EXPECT(!c.sequence_parallel || c.seq % t == 0, name, ": sequence parallelism splits the ", c.seq, " positions "
                    "over a tensor-parallel group of ", parts, "; expected a multiple of t");
+    TRIDENT_EXPECT(!c.flash_attention || nn::flash::supported_head_dim(c.hidden / c.heads), name, ": flash attention takes "
+                   "head_dim 32 or 64; hidden ", c.hidden, " over ", c.heads, " heads is ", c.hidden / c.heads);
     return c;
   }
   std::size_t head_dim() const noexcept { return c_.hidden / c_.heads; }

@@ -12,6 +12,8 @@
 // LayerNorm, attention and GELU kernels) on a cuda_context's compute stream, the four
 // all-reduces per step on the communicator's stream, ordered by events (tensor::cuda's linear
 // layers: backward's input-gradient all-reduces overlap their weight-gradient GEMMs).
+// With block_config::flash_attention the attention core is nn::cuda::flash_attention: the saved
+// activation "probs" holds each row's log-sum-exp instead, and backward's "ds" scratch its delta.
 // Selective recomputation and sequence parallelism work as on the host: the probabilities
 // recomputed in backward into a workspace; the norms and residuals on this rank's seq / t
 // positions, f an all-gather and g a reduce-scatter, the norms' outputs gathered again in
@@ -43,6 +45,7 @@
 #include "trident/exec/cuda/stream.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/cuda/attention.cuh"
+#include "trident/nn/cuda/flash_attention.cuh"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/cuda/norm.cuh"
 #include "trident/parallel/tensor/block.hpp"
@@ -61,7 +64,7 @@ using block_activations = tensor::basic_block_activations<cuda_space>;
 struct block_workspace {
   buffer<float, cuda_space> d_gelu, d_fc1, d_attn, d_qkv;  // this rank's features
   buffer<float, cuda_space> d_ln2, d_norm, d_ln1, d_mid;   // [rows this rank holds, hidden]
-  buffer<float, cuda_space> ds, probs;                     // [batch, heads / t, seq, seq]
+  buffer<float, cuda_space> ds, probs;                     // [batch, heads / t, seq, seq] (flash: ds [.., seq], no probs)
   buffer<float, cuda_space> full, gathered, partial;       // sequence parallelism: [seq x batch, hidden]
   buffer<float, cuda_space> norms;                         // sequence parallelism: the norms' 4 x hidden gradients
 };
@@ -95,7 +98,7 @@ class transformer_block {
     const auto &a = config(), &b = other.config();
     TRIDENT_EXPECT(a.seq == b.seq && a.batch == b.batch && a.hidden == b.hidden && a.ffn == b.ffn && a.heads == b.heads &&
                        a.selective_recompute == b.selective_recompute && a.sequence_parallel == b.sequence_parallel &&
-                       parts() == other.parts(),
+                       a.flash_attention == b.flash_attention && parts() == other.parts(),
                    name(), ": share_backward_workspace with ", other.name(), ", a block of other sizes");
     other.scratch();
     workspace_ = other.workspace_;
@@ -107,7 +110,7 @@ class transformer_block {
     const auto kept = [](std::size_t count) { return block_activations::storage(count, mem_category::activations); };
     const auto comm = [](std::size_t count) { return block_activations::storage(count, mem_category::communication); };
     return {kept(m * h),      kept(m),     kept(m),    kept(m * h),
-            kept(n * 3 * lh), kept(config().selective_recompute ? 0 : attention().probs_size()),
+            kept(n * 3 * lh), kept(saved_probs_size()),
             kept(n * lh),     kept(m * h), kept(m),    kept(m),
             kept(m * h),      kept(n * f), kept(n * f), comm(sp), comm(sp)};
   }
@@ -141,8 +144,12 @@ class transformer_block {
     ln.forward(stream, m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.device_handle(), s.ln1_mean.device_handle(),
                s.ln1_rstd.device_handle());
     qkv_.forward(ctx, blas, tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.device_handle());
-    const auto probs = config().selective_recompute ? scratch().probs.device_handle() : s.probs.device_handle();
-    attention().forward(blas, stream, s.qkv.device_handle(), s.attn.device_handle(), probs);
+    if (config().flash_attention) {
+      flash().forward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle());  // probs: lse
+    } else {
+      const auto probs = config().selective_recompute ? scratch().probs.device_handle() : s.probs.device_handle();
+      attention().forward(blas, stream, s.qkv.device_handle(), s.attn.device_handle(), probs);
+    }
     row(proj_, s.attn.device_handle(), w.proj_weight, w.proj_bias, s.mid.device_handle());
     nn::cuda::add_to(x, s.mid.device_handle(), stream);
     ln.forward(stream, m, s.mid.device_handle(), w.ln2_weight, w.ln2_bias, s.ln2_out.device_handle(), s.ln2_mean.device_handle(),
@@ -205,12 +212,17 @@ class transformer_block {
       d_mid_rows = full;
     }
     proj_.backward(ctx, blas, tp, n, s.attn.device_handle(), w.proj_weight, d_mid_rows, d_attn, g.proj_weight, g.proj_bias);
-    device_span<const float> probs = s.probs.device_handle();
-    if (config().selective_recompute) {  // the forward's softmax again, from the kept q, k, v: the same bits
-      attention().probabilities(blas, stream, s.qkv.device_handle(), ws.probs.device_handle());
-      probs = ws.probs.device_handle();
+    if (config().flash_attention) {  // s.probs holds lse, ws.ds the rows' delta
+      flash().backward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle(), d_attn,
+                       ws.ds.device_handle(), d_qkv);
+    } else {
+      device_span<const float> probs = s.probs.device_handle();
+      if (config().selective_recompute) {  // the forward's softmax again, from the kept q, k, v: the same bits
+        attention().probabilities(blas, stream, s.qkv.device_handle(), ws.probs.device_handle());
+        probs = ws.probs.device_handle();
+      }
+      attention().backward(blas, stream, s.qkv.device_handle(), probs, d_attn, d_qkv, ws.ds.device_handle());
     }
-    attention().backward(blas, stream, s.qkv.device_handle(), probs, d_attn, d_qkv, ws.ds.device_handle());
     if (sp) {
       gather(ctx, tp, s.ln1_out.device_handle(), gathered);
       qkv_.backward_to_sequence(ctx, blas, tp, n, gathered, w.qkv_weight, d_qkv, partial, d_ln1, g.qkv_weight, g.qkv_bias);
@@ -238,6 +250,11 @@ class transformer_block {
   std::size_t head_dim() const noexcept { return config().hidden / config().heads; }
   std::size_t local_width() const noexcept { return shape_.local_heads() * head_dim(); }
   nn::cuda::causal_attention attention() const { return {config().seq, config().batch, shape_.local_heads(), head_dim()}; }
+  nn::cuda::flash_attention flash() const { return {config().seq, config().batch, shape_.local_heads(), head_dim()}; }
+  // The saved "probs": flash attention's lse, none under selective recomputation, else the probabilities.
+  std::size_t saved_probs_size() const noexcept {
+    return config().flash_attention ? flash().lse_size() : config().selective_recompute ? 0 : attention().probs_size();
+  }
 
   // whole [rows, hidden] = every rank's shard [local rows, hidden], in rank order (sequence-major
   // rows: rank r's shard is rows [r m, (r + 1) m)), on the communicator's stream.
@@ -255,18 +272,19 @@ class transformer_block {
   block_workspace& scratch() const {
     if (!workspace_) {
       const std::size_t n = rows(), nh = n * config().hidden, f = n * fc1_.shape().local_out_features(), lw = n * local_width();
+      const bool fa = config().flash_attention;
       const std::size_t p = attention().probs_size(), sp = config().sequence_parallel ? nh : 0;
       auto make = [](std::size_t count) { return buffer<float, cuda_space>(count, mem_category::other); };
       workspace_ = std::make_shared<block_workspace>(block_workspace{
-          make(f), make(f), make(lw), make(3 * lw), make(nh), make(nh), make(nh), make(nh), make(p),
-          make(config().selective_recompute ? p : 0), make(sp), make(sp), make(sp),
+          make(f), make(f), make(lw), make(3 * lw), make(nh), make(nh), make(nh), make(nh), make(fa ? flash().lse_size() : p),
+          make(config().selective_recompute && !fa ? p : 0), make(sp), make(sp), make(sp),
           make(config().sequence_parallel ? 4 * config().hidden : 0)});
     }
     return *workspace_;
   }
   void check_activations(const block_activations& s) const {
     const std::size_t n = rows();
-    TRIDENT_EXPECT(s.probs.size() == (config().selective_recompute ? 0 : attention().probs_size()) &&
+    TRIDENT_EXPECT(s.probs.size() == saved_probs_size() &&
                        s.qkv.size() == n * 3 * local_width() && s.fc1_out.size() == n * fc1_.shape().local_out_features() &&
                        s.x.size() == local_rows() * config().hidden &&
                        s.gathered.size() == (config().sequence_parallel ? n * config().hidden : 0),
