@@ -122,6 +122,7 @@ struct trident_config {
   std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb-h1, zb-h2
   bool sequence_parallel = false;
   std::string recompute = "none";  // none, selective, full (activation recomputation)
+  std::string attention = "standard";  // standard, flash (the GPU path's tiled attention)
   model_config model;
   std::string train_data, val_data;
   std::int64_t steps = 100;
@@ -236,7 +237,7 @@ inline const std::vector<key_section>& known_keys() {
        {},
        {}},
       {"trident",
-       {"tensor_parallel", "pipeline_parallel", "virtual_stages", "schedule", "sequence_parallel", "recompute", "model",
+       {"tensor_parallel", "pipeline_parallel", "virtual_stages", "schedule", "sequence_parallel", "recompute", "attention", "model",
         "train_data", "val_data", "steps", "eval_every", "eval_batches", "seed", "loss_csv", "loss_svg", "trace"},
        {},
        {},
@@ -461,6 +462,11 @@ inline void parse_trident(const json& j, trident_config& t, std::vector<std::str
     t.recompute = get_string(*v, "trident.recompute");
     TRIDENT_EXPECT(t.recompute == "none" || t.recompute == "selective" || t.recompute == "full", "trident.recompute: '", t.recompute,
                    "'; expected \"none\", \"selective\" or \"full\"");
+  }
+  if (const json* v = find(s, "attention")) {
+    t.attention = get_string(*v, "trident.attention");
+    TRIDENT_EXPECT(t.attention == "standard" || t.attention == "flash", "trident.attention: '", t.attention,
+                   "'; expected \"standard\" or \"flash\"");
   }
   if (const json* m = find(s, "model")) {
     const json& model = expect_object(*m, "trident.model");

@@ -185,7 +185,7 @@ void from_config(settings& s, const std::string& path, int world_size) {
   const auto& t = c.trident;
   o.model = {.vocab = t.model.vocab_size, .seq = t.model.seq_len, .hidden = t.model.hidden, .heads = t.model.heads,
              .layers = t.model.layers, .ffn = t.model.ffn, .sequence_parallel = t.sequence_parallel,
-             .recompute = flagship::parse_recompute(t.recompute)};
+             .recompute = flagship::parse_recompute(t.recompute), .flash_attention = t.attention == "flash"};
   o.tensor = t.tensor_parallel;
   o.pipeline = t.pipeline_parallel;
   o.virtual_stages = t.virtual_stages;
