@@ -12,8 +12,10 @@
 // compile with nothing but a C++20 compiler (the per-header checks build them in the plain host
 // flavour). The kernel is GotoBLAS-shaped — blocks of kc x nc of B and mc x kc of A are packed
 // into contiguous, zero-padded micro-panels, and a register tile of mr x nr accumulators is
-// updated with fixed-length inner loops that compilers vectorise — so it runs at several GFLOP/s
-// for the small MLPs of the tests, without any intrinsics.
+// updated over the panels' depth. On x86 with GCC or Clang the tile is held as GCC vector-
+// extension values (SSE2, AVX2 or AVX-512 wide), which the compiler keeps in registers: about
+// 90 GFLOP/s per AVX-512 core on the flagship's products (bench/RESULTS.md), without intrinsics.
+// Elsewhere (another compiler, nvcc's host pass) the same loops over plain arrays.
 //
 // Width: the build targets plain x86-64 (SSE2). The same templates are also compiled for AVX2
 // and AVX-512F (__attribute__((target)), a wider register tile) and the widest this CPU runs is
@@ -114,6 +116,9 @@ template <std::size_t MR, std::size_t NR>
 __attribute__((always_inline)) inline void micro_kernel(std::size_t depth, const float* a, const float* b, float alpha,
                                                         float beta, bool first, float* c, std::size_t ldc, std::size_t rows,
                                                         std::size_t cols) {
+#if defined(__clang__)
+#pragma clang fp contract(off)  // Clang fuses a * b + c within one expression by default ("on")
+#endif
   float acc[MR][NR] = {};
   for (std::size_t p = 0; p < depth; ++p) {
     const float* bp = b + p * NR;
@@ -132,7 +137,72 @@ __attribute__((always_inline)) inline void micro_kernel(std::size_t depth, const
   }
 }
 
-template <std::size_t MR, std::size_t NR>
+// The same product with the accumulators as W-float vectors (GCC's vector extension), so that
+// the compiler keeps the MR x NR tile in registers: written with plain arrays, GCC kept it on the
+// stack and loaded and stored it on every step of the sum (40 GFLOP/s on AVX-512 against
+// OpenBLAS's 150). Lane by lane the same operations in the same order (acc += a * b, one
+// rounding each: no contraction here), so the same bits as micro_kernel.
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+// W floats as one GCC vector (a typedef per width: GCC ignores vector_size on a dependent alias).
+// Only where the x86 paths are compiled (GCC or Clang, not nvcc); elsewhere the plain kernel.
+template <std::size_t W>
+struct float_vec;
+template <>
+struct float_vec<4> {
+  typedef float type __attribute__((vector_size(16)));
+};
+template <>
+struct float_vec<8> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct float_vec<16> {
+  typedef float type __attribute__((vector_size(64)));
+};
+
+template <std::size_t MR, std::size_t NR, std::size_t W>
+__attribute__((always_inline)) inline void micro_kernel_vec(std::size_t depth, const float* a, const float* b, float alpha,
+                                                            float beta, bool first, float* c, std::size_t ldc, std::size_t rows,
+                                                            std::size_t cols) {
+#if defined(__clang__)
+#pragma clang fp contract(off)  // Clang fuses a * b + c within one expression by default ("on")
+#endif
+  static_assert(NR % W == 0);
+  using vec = typename float_vec<W>::type;
+  static_assert(sizeof(vec) == W * sizeof(float));
+  constexpr std::size_t nv = NR / W;
+  vec acc[MR][nv];
+#pragma GCC unroll 16
+  for (std::size_t r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < nv; ++v) acc[r][v] = vec{};
+  for (std::size_t p = 0; p < depth; ++p) {
+    vec bv[nv];
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < nv; ++v) __builtin_memcpy(&bv[v], b + p * NR + v * W, sizeof(vec));
+    const float* ap = a + p * MR;
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+      for (std::size_t v = 0; v < nv; ++v) acc[r][v] += ap[r] * bv[v];
+  }
+  float tile[MR][NR];
+  for (std::size_t r = 0; r < MR; ++r)
+    for (std::size_t v = 0; v < nv; ++v) __builtin_memcpy(&tile[r][v * W], &acc[r][v], sizeof(vec));
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    if (!first)
+      for (std::size_t j = 0; j < cols; ++j) row[j] += alpha * tile[r][j];
+    else if (beta == 0.0f)
+      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * tile[r][j];
+    else
+      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * tile[r][j] + beta * row[j];
+  }
+}
+
+#endif
+
+template <std::size_t MR, std::size_t NR, std::size_t W = 0>
 __attribute__((always_inline)) inline void gemm_blocked(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
                                                         float alpha, const float* a, std::size_t lda, const float* b,
                                                         std::size_t ldb, float beta, float* c, std::size_t ldc) {
@@ -154,8 +224,14 @@ __attribute__((always_inline)) inline void gemm_blocked(op op_a, op op_b, std::s
         pack_a<MR>(a + i0 * a_row + p0 * a_col, a_row, a_col, mc, kc, a_pack.data());
         for (std::size_t j = 0; j < nc; j += NR)
           for (std::size_t i = 0; i < mc; i += MR)
-            micro_kernel<MR, NR>(kc, a_pack.data() + i * kc, b_pack.data() + j * kc, alpha, beta, p0 == 0,
-                                 c + (i0 + i) * ldc + j0 + j, ldc, std::min(MR, mc - i), std::min(NR, nc - j));
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+            if constexpr (W != 0)
+              micro_kernel_vec<MR, NR, W>(kc, a_pack.data() + i * kc, b_pack.data() + j * kc, alpha, beta, p0 == 0,
+                                          c + (i0 + i) * ldc + j0 + j, ldc, std::min(MR, mc - i), std::min(NR, nc - j));
+            else
+#endif
+              micro_kernel<MR, NR>(kc, a_pack.data() + i * kc, b_pack.data() + j * kc, alpha, beta, p0 == 0,
+                                   c + (i0 + i) * ldc + j0 + j, ldc, std::min(MR, mc - i), std::min(NR, nc - j));
       }
     }
   }
@@ -163,19 +239,23 @@ __attribute__((always_inline)) inline void gemm_blocked(op op_a, op op_b, std::s
 
 inline void gemm_portable(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                           std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+#if defined(TRIDENT_DETAIL_HOST_SIMD)
+  gemm_blocked<gemm_mr, gemm_nr, 4>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // SSE2 vectors
+#else
   gemm_blocked<gemm_mr, gemm_nr>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
 }
 
 #if defined(TRIDENT_DETAIL_HOST_SIMD)
 __attribute__((target("avx2"))) inline void gemm_avx2(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
                                                       const float* a, std::size_t lda, const float* b, std::size_t ldb,
                                                       float beta, float* c, std::size_t ldc) {
-  gemm_blocked<4, 16>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_blocked<4, 16, 8>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 __attribute__((target("avx512f"))) inline void gemm_avx512(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
                                                            float alpha, const float* a, std::size_t lda, const float* b,
                                                            std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  gemm_blocked<8, 32>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_blocked<8, 32, 16>(op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 #endif
 
