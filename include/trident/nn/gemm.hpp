@@ -206,6 +206,9 @@ template <std::size_t MR, std::size_t NR, std::size_t W = 0>
 __attribute__((always_inline)) inline void gemm_blocked(op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
                                                         float alpha, const float* a, std::size_t lda, const float* b,
                                                         std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  // The packed panels are sized for whole register tiles of a block (a tile that does not divide
+  // the block would write past them).
+  static_assert(gemm_mc % MR == 0 && gemm_nc % NR == 0, "gemm: the register tile must divide the cache blocks");
   // Element (i, p) of op(A) is a[i * a_row + p * a_col]; likewise for B.
   const std::size_t a_row = op_a == op::n ? lda : 1, a_col = op_a == op::n ? 1 : lda;
   const std::size_t b_row = op_b == op::n ? ldb : 1, b_col = op_b == op::n ? 1 : ldb;
