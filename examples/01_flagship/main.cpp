@@ -154,7 +154,7 @@ void defaults(settings& s) {
   o.zero_stage = 1;
   o.micro_batch = 8;
   o.accumulation = 4;
-  o.steps = 150;
+  o.steps = 500;
   o.max_grad_norm = 1.0f;
   o.adamw = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   o.eval_every = 50;
