@@ -109,6 +109,22 @@ inline void pack_b(const float* b, std::size_t row_stride, std::size_t col_strid
   }
 }
 
+// C = alpha * acc + beta * C for the live part of a tile (`first`: the first kc block, the only
+// one where beta applies; later blocks add).
+template <std::size_t MR, std::size_t NR>
+__attribute__((always_inline)) inline void write_tile(const float (&acc)[MR][NR], float alpha, float beta, bool first,
+                                                      float* c, std::size_t ldc, std::size_t rows, std::size_t cols) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    if (!first)
+      for (std::size_t j = 0; j < cols; ++j) row[j] += alpha * acc[r][j];
+    else if (beta == 0.0f)
+      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * acc[r][j];
+    else
+      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * acc[r][j] + beta * row[j];
+  }
+}
+
 // acc = A-panel x B-panel over `depth`, then C = alpha * acc + beta * C for the live part
 // (`first` is whether this is the first kc block: only then does beta apply). Always inlined,
 // so that it is compiled for the target of the path that calls it.
@@ -126,15 +142,7 @@ __attribute__((always_inline)) inline void micro_kernel(std::size_t depth, const
     for (std::size_t r = 0; r < MR; ++r)
       for (std::size_t j = 0; j < NR; ++j) acc[r][j] += ap[r] * bp[j];
   }
-  for (std::size_t r = 0; r < rows; ++r) {
-    float* row = c + r * ldc;
-    if (!first)
-      for (std::size_t j = 0; j < cols; ++j) row[j] += alpha * acc[r][j];
-    else if (beta == 0.0f)
-      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * acc[r][j];
-    else
-      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * acc[r][j] + beta * row[j];
-  }
+  write_tile<MR, NR>(acc, alpha, beta, first, c, ldc, rows, cols);
 }
 
 // The same product with the accumulators as W-float vectors (GCC's vector extension), so that
@@ -189,15 +197,7 @@ __attribute__((always_inline)) inline void micro_kernel_vec(std::size_t depth, c
   float tile[MR][NR];
   for (std::size_t r = 0; r < MR; ++r)
     for (std::size_t v = 0; v < nv; ++v) __builtin_memcpy(&tile[r][v * W], &acc[r][v], sizeof(vec));
-  for (std::size_t r = 0; r < rows; ++r) {
-    float* row = c + r * ldc;
-    if (!first)
-      for (std::size_t j = 0; j < cols; ++j) row[j] += alpha * tile[r][j];
-    else if (beta == 0.0f)
-      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * tile[r][j];
-    else
-      for (std::size_t j = 0; j < cols; ++j) row[j] = alpha * tile[r][j] + beta * row[j];
-  }
+  write_tile<MR, NR>(tile, alpha, beta, first, c, ldc, rows, cols);
 }
 
 #endif
