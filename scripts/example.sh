@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, build and run the flagship: a GPT trained on 4 thread ranks ((data, tensor, pipeline) =
 # (1, 2, 2), ZeRO-1) on the King James Bible, which scripts/prepare_data.py takes from Debian's
-# bible-kjv packages and tokenizes once into build/data. About three minutes on two cores (the build,
+# bible-kjv packages and tokenizes once into build/data. About four minutes on two cores (the build,
 # then a minute of training).
 # Extra arguments go to the trainer (see: scripts/example.sh --help).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
