@@ -11,7 +11,8 @@
 //   template <int D, class Exec> void delta_rows(ex, p, first_row)   delta = rowsum(dout * out)
 //   template <int D, class Exec> void backward_kv_block(ex, p, smem, kt, bh)   dk, dv of key tile kt
 //   template <int D, class Exec> void backward_q_block(ex, p, smem, qt, bh)    dq of query tile qt
-//   void emulate_forward(p) / emulate_backward(p)   every block of the grid on the host, for tests
+//   forward_problem(who, shape, qkv, out, lse), backward_problem(...)   sizes checked, pointers set
+//   void emulate_forward(...) / emulate_backward(...)   every block of the grid on the host, for tests
 //
 // nn::causal_attention's contract and layouts (nn/attention.hpp: qkv [seq, batch, heads, 3,
 // head_dim], out and dout [seq, batch, heads, head_dim], dqkv overwritten), except that forward
@@ -456,6 +457,52 @@ inline problem make_problem(const causal_attention& shape) {
 }
 
 namespace detail {
+// The problem of shape with the sizes of qkv, out (or dout) and lse checked against it.
+inline problem checked_problem(const char* who, const causal_attention& shape, std::size_t qkv, std::size_t out,
+                               std::size_t lse) {
+  shape.check(who, qkv, out, shape.probs_size());
+  const std::size_t rows = shape.batch * shape.heads * shape.seq;
+  TRIDENT_EXPECT(lse == rows, who, ": lse has ", lse, " elements, expected [batch=", shape.batch, ", heads=", shape.heads,
+                 ", seq=", shape.seq, "] = ", rows);
+  // The tiles index with int (positions up to seq + 64) and the GPU's grid has batch x heads rows.
+  TRIDENT_EXPECT(shape.seq <= static_cast<std::size_t>(0x7fffffff - tile) && shape.batch * shape.heads <= 65535u, who,
+                 ": seq ", shape.seq, " and batch x heads ", shape.batch * shape.heads,
+                 " exceed the tiles' limits (at most 2^31 - 65 and 65535)");
+  return make_problem(shape);
+}
+}  // namespace detail
+
+//! A forward call's problem from spans (std::span or device_span: .data() and .size()): every
+//! size checked against the shape (usage_error naming `who` and what was expected). The host
+//! emulation and nn::cuda::flash_attention both make theirs here.
+template <class In, class Out>
+problem forward_problem(const char* who, const causal_attention& shape, In qkv, Out out, Out lse) {
+  problem p = detail::checked_problem(who, shape, qkv.size(), out.size(), lse.size());
+  p.qkv = qkv.data();
+  p.out = out.data();
+  p.lse = lse.data();
+  return p;
+}
+
+//! A backward call's problem: forward's qkv, out and lse, the gradient dout, delta (scratch of
+//! lse's size) and dqkv (overwritten), checked likewise.
+template <class In, class Out>
+problem backward_problem(const char* who, const causal_attention& shape, In qkv, In out, In lse, In dout, Out delta,
+                         Out dqkv) {
+  problem p = detail::checked_problem(who, shape, qkv.size(), out.size(), lse.size());
+  TRIDENT_EXPECT(dout.size() == out.size() && delta.size() == lse.size() && dqkv.size() == qkv.size(), who,
+                 ": expected dout as out (", out.size(), "), delta as lse (", lse.size(), ") and dqkv as qkv (", qkv.size(),
+                 "); got ", dout.size(), ", ", delta.size(), " and ", dqkv.size());
+  p.qkv = qkv.data();
+  p.saved_out = out.data();
+  p.saved_lse = lse.data();
+  p.dout = dout.data();
+  p.delta = delta.data();
+  p.dqkv = dqkv.data();
+  return p;
+}
+
+namespace detail {
 template <int D>
 void emulate_forward(const problem& p, bool tf32) {
   std::vector<float> smem(layout<D>::forward_floats);
@@ -482,13 +529,7 @@ void emulate_backward(const problem& p, bool tf32) {
 //! and of the GPU's results; nn::causal_attention is the host's attention for training.
 inline void emulate_forward(const causal_attention& shape, std::span<const float> qkv, std::span<float> out,
                             std::span<float> lse, bool tf32 = false) {
-  problem p = make_problem(shape);
-  shape.check("flash::emulate_forward", qkv.size(), out.size(), shape.probs_size());
-  TRIDENT_EXPECT(lse.size() == shape.batch * shape.heads * shape.seq, "flash::emulate_forward: lse has ", lse.size(),
-                 " elements, expected [batch, heads, seq] = ", shape.batch * shape.heads * shape.seq);
-  p.qkv = qkv.data();
-  p.out = out.data();
-  p.lse = lse.data();
+  const problem p = forward_problem("flash::emulate_forward", shape, qkv, out, lse);
   shape.head_dim == 32 ? detail::emulate_forward<32>(p, tf32) : detail::emulate_forward<64>(p, tf32);
 }
 
@@ -496,19 +537,7 @@ inline void emulate_forward(const causal_attention& shape, std::span<const float
 inline void emulate_backward(const causal_attention& shape, std::span<const float> qkv, std::span<const float> out,
                              std::span<const float> lse, std::span<const float> dout, std::span<float> delta,
                              std::span<float> dqkv, bool tf32 = false) {
-  problem p = make_problem(shape);
-  shape.check("flash::emulate_backward", qkv.size(), out.size(), shape.probs_size());
-  const std::size_t rows = shape.batch * shape.heads * shape.seq;
-  TRIDENT_EXPECT(lse.size() == rows && delta.size() == rows && dout.size() == out.size() && dqkv.size() == qkv.size(),
-                 "flash::emulate_backward: expected lse and delta [batch, heads, seq] = ", rows, ", dout as out (",
-                 out.size(), ") and dqkv as qkv (", qkv.size(), "); got ", lse.size(), ", ", delta.size(), ", ",
-                 dout.size(), ", ", dqkv.size());
-  p.qkv = qkv.data();
-  p.saved_out = out.data();
-  p.saved_lse = lse.data();
-  p.dout = dout.data();
-  p.delta = delta.data();
-  p.dqkv = dqkv.data();
+  const problem p = backward_problem("flash::emulate_backward", shape, qkv, out, lse, dout, delta, dqkv);
   shape.head_dim == 32 ? detail::emulate_backward<32>(p, tf32) : detail::emulate_backward<64>(p, tf32);
 }
 

@@ -139,10 +139,8 @@ struct flash_attention {
   //! out [seq, batch, heads, head_dim] and lse [batch, heads, seq] from qkv.
   void forward(cudaStream_t stream, device_span<const float> qkv, device_span<float> out, device_span<float> lse) const {
     const char* who = "cuda::flash_attention::forward";
-    flash::problem p = prepare(who, qkv.size(), out.size(), lse.size());
-    p.qkv = qkv.data();
-    p.out = out.data();
-    p.lse = lse.data();
+    const flash::problem p = flash::forward_problem(who, shape(), qkv, out, lse);
+    check_device(who);
     const dim3 grid(tiles(), static_cast<unsigned>(batch * heads));
     if (head_dim == 32)
       detail::flash_launch(detail::flash_forward_kernel<32>, grid, flash::layout<32>::forward_floats, stream, p);
@@ -156,16 +154,8 @@ struct flash_attention {
                 device_span<const float> lse, device_span<const float> dout, device_span<float> delta,
                 device_span<float> dqkv) const {
     const char* who = "cuda::flash_attention::backward";
-    flash::problem p = prepare(who, qkv.size(), out.size(), lse.size());
-    TRIDENT_EXPECT(dout.size() == out.size() && delta.size() == lse.size() && dqkv.size() == qkv.size(), who,
-                   ": expected dout as out (", out.size(), "), delta as lse (", lse.size(), ") and dqkv as qkv (", qkv.size(),
-                   "); got ", dout.size(), ", ", delta.size(), " and ", dqkv.size());
-    p.qkv = qkv.data();
-    p.saved_out = out.data();
-    p.saved_lse = lse.data();
-    p.dout = dout.data();
-    p.delta = delta.data();
-    p.dqkv = dqkv.data();
+    const flash::problem p = flash::backward_problem(who, shape(), qkv, out, lse, dout, delta, dqkv);
+    check_device(who);
     const dim3 grid(tiles(), static_cast<unsigned>(batch * heads));
     const auto rows = static_cast<unsigned>((lse_size() + flash::threads - 1) / flash::threads);
     if (head_dim == 32) {
@@ -185,13 +175,8 @@ struct flash_attention {
   nn::causal_attention shape() const noexcept { return {seq, batch, heads, head_dim}; }
   unsigned tiles() const noexcept { return static_cast<unsigned>((seq + flash::tile - 1) / flash::tile); }
 
-  flash::problem prepare(const char* who, std::size_t qkv, std::size_t out, std::size_t lse) const {
-    shape().check(who, qkv, out, shape().probs_size());
-    TRIDENT_EXPECT(lse == lse_size(), who, ": lse has ", lse, " elements, expected [batch=", batch, ", heads=", heads,
-                   ", seq=", seq, "] = ", lse_size());
-    TRIDENT_EXPECT(seq <= static_cast<std::size_t>(0x7fffffff - flash::tile) && batch * heads <= 65535u, who, ": seq ", seq,
-                   " and batch x heads ", batch * heads, " exceed the grid (at most 2^31 - 65 and 65535)");
-    flash::problem p = flash::make_problem(shape());  // checks head_dim
+  // The device can run the tiles: TF32 tensor cores, and backward's shared memory.
+  void check_device(const char* who) const {
     // The current device (the one the caller's stream belongs to, as for every kernel here).
     int device = 0, major = 0, optin = 0;
     TRIDENT_CUDA_CHECK(cudaGetDevice(&device));
@@ -205,7 +190,6 @@ struct flash_attention {
     TRIDENT_EXPECT(needed <= static_cast<std::size_t>(optin), who, ": backward's tiles need ", needed, " bytes of shared memory "
                    "per block at head_dim ", head_dim, "; device ", device, " allows ", optin,
                    "; use nn::cuda::causal_attention there");
-    return p;
   }
 };
 
