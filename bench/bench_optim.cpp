@@ -130,12 +130,17 @@ using f32x16 = float __attribute__((vector_size(64)));
 using u32x16 = std::uint32_t __attribute__((vector_size(64)));
 using u16x16 = std::uint16_t __attribute__((vector_size(32)));
 
+// Clang (16) does not multiversion function templates: there the loop is compiled once, for the
+// default target.
+#if defined(__clang__)
+#define BENCH_CLONES
+#else
+#define BENCH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 template <int States, class Grad, bool Working>
-__attribute__((target_clones("avx512f", "avx2", "default"))) void stream_range(float* __restrict p,
-                                                                               const Grad* __restrict g,
-                                                                               float* __restrict m, float* __restrict v,
-                                                                               std::uint16_t* __restrict w,
-                                                                               std::size_t len) {
+BENCH_CLONES void stream_range(float* __restrict p, const Grad* __restrict g, float* __restrict m,
+                               float* __restrict v, std::uint16_t* __restrict w, std::size_t len) {
   constexpr std::size_t width = 16;
   // One element, for the unaligned head and the tail.
   auto element = [&](std::size_t i) {

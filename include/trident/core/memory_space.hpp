@@ -68,7 +68,12 @@ struct host_space {
 
   static void* allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{buffer_alignment}); }
   static void deallocate(void* pointer, std::size_t bytes) noexcept {
+#if defined(__cpp_sized_deallocation)
     ::operator delete(pointer, bytes, std::align_val_t{buffer_alignment});
+#else  // Clang before 19 leaves sized deallocation off by default: libstdc++ then declares no sized delete
+    (void)bytes;
+    ::operator delete(pointer, std::align_val_t{buffer_alignment});
+#endif
   }
 };
 

@@ -43,6 +43,10 @@
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+#elif defined(__clang__) && !defined(__CUDACC__)
+// Clang fuses a * b + c within one expression by default ("on"); off up to the pop, as for GCC.
+#pragma float_control(push)
+#pragma clang fp contract(off)
 #endif
 
 namespace trident::nn {
@@ -294,4 +298,6 @@ struct causal_attention {
 
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC pop_options
+#elif defined(__clang__) && !defined(__CUDACC__)
+#pragma float_control(pop)
 #endif

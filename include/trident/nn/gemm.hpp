@@ -76,6 +76,10 @@ inline constexpr std::size_t gemm_nc = 512;
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+#elif defined(__clang__) && !defined(__CUDACC__)
+// Clang fuses a * b + c within one expression by default ("on"); off up to the pop, as for GCC.
+#pragma float_control(push)
+#pragma clang fp contract(off)
 #endif
 
 // Packs op(A)[i0 : i0+mc, p0 : p0+kc] as micro-panels of MR rows: panel[p * MR + r].
@@ -132,9 +136,6 @@ template <std::size_t MR, std::size_t NR>
 __attribute__((always_inline)) inline void micro_kernel(std::size_t depth, const float* a, const float* b, float alpha,
                                                         float beta, bool first, float* c, std::size_t ldc, std::size_t rows,
                                                         std::size_t cols) {
-#if defined(__clang__)
-#pragma clang fp contract(off)  // Clang fuses a * b + c within one expression by default ("on")
-#endif
   float acc[MR][NR] = {};
   for (std::size_t p = 0; p < depth; ++p) {
     const float* bp = b + p * NR;
@@ -172,9 +173,6 @@ template <std::size_t MR, std::size_t NR, std::size_t W>
 __attribute__((always_inline)) inline void micro_kernel_vec(std::size_t depth, const float* a, const float* b, float alpha,
                                                             float beta, bool first, float* c, std::size_t ldc, std::size_t rows,
                                                             std::size_t cols) {
-#if defined(__clang__)
-#pragma clang fp contract(off)  // Clang fuses a * b + c within one expression by default ("on")
-#endif
   static_assert(NR % W == 0);
   using vec = typename float_vec<W>::type;
   static_assert(sizeof(vec) == W * sizeof(float));
@@ -264,6 +262,8 @@ __attribute__((target("avx512f"))) inline void gemm_avx512(op op_a, op op_b, std
 
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC pop_options
+#elif defined(__clang__) && !defined(__CUDACC__)
+#pragma float_control(pop)
 #endif
 
 // The widest path this CPU runs (optim::detail::active_host_isa, which tests can force).
