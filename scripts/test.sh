@@ -13,6 +13,14 @@ if [[ $(id -u) -eq 0 ]] && ! command -v slurmd >/dev/null; then
   fi
 fi
 
+# Clang 16, for packaging.clang (the headers and the bit-exact ISA tests through Clang): as root
+# only, and optional: without it that test reports itself skipped.
+if [[ $(id -u) -eq 0 ]] && ! command -v clang++-16 >/dev/null; then
+  if ! (trident_packages=(clang-16) && trident_install_packages); then
+    echo "warning: could not install clang-16; the packaging.clang test will report itself skipped" >&2
+  fi
+fi
+
 conan_venv=$TRIDENT_ROOT/build/tools/conan
 if [[ ! -x $conan_venv/bin/conan ]]; then
   echo "== installing Conan 2 into $conan_venv"
