@@ -67,7 +67,14 @@ double measured_bubble(const pp::schedule& s, pipeline_suite::sleeping_stage::co
 TEST_CASE("pipeline executor: measured bubbles of sleeping stages match the simulator and the published formulas within 2 "
           "points (threads, p = 4, m = 8)") {
   const int p = 4, m = 8, v = 2;
+  // Under the sanitizers (CI builds them at -O0) the executor's own work per action is a larger
+  // share of a short action: interleaved 1F1B's 6 ms chunks measured 2.3 points over the model
+  // there. Longer actions keep that share as small as in the optimised build.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const auto unit = std::chrono::milliseconds(30);
+#else
   const auto unit = std::chrono::milliseconds(12);
+#endif
   const pipeline_suite::sleeping_stage::costs costs{unit, unit, unit}, chunk{unit / v, unit / v, unit / v};
   const pp::action_costs model{.forward = 1, .backward = 2, .backward_input = 1, .backward_weight = 1};
   const pp::action_costs chunk_model{.forward = 0.5, .backward = 1, .backward_input = 0.5, .backward_weight = 0.5};
