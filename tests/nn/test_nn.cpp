@@ -640,6 +640,20 @@ TEST_CASE("flash attention's tiles (emulated on the host): out, lse and dqkv of 
   std::vector<float> x(odd.qkv_size()), y(odd.out_size()), l(8);
   CHECK_THROWS_WITH_AS(nn::flash::emulate_forward(odd, x, y, l), doctest::Contains("head_dim 48 is not supported; expected 32 or 64"),
                        trident::usage_error);
+  // The tiles move 16-byte quads: a tensor starting one float into an allocation is named.
+  const nn::causal_attention a{.seq = 8, .batch = 1, .heads = 1, .head_dim = 32};
+  std::vector<float> qkv(a.qkv_size() + 1), out(a.out_size() + 1), lse(8), delta(8), dqkv(a.qkv_size() + 1);
+  const std::span<const float> shifted(qkv.data() + 1, a.qkv_size());
+  CHECK_THROWS_WITH_AS(nn::flash::emulate_forward(a, shifted, std::span<float>(out.data(), a.out_size()), lse),
+                       doctest::Contains("qkv at"), trident::usage_error);
+  CHECK_THROWS_WITH_AS(nn::flash::emulate_forward(a, shifted, std::span<float>(out.data(), a.out_size()), lse),
+                       doctest::Contains("is not 16-byte aligned"), trident::usage_error);
+  const std::span<const float> qkv0(qkv.data(), a.qkv_size()), dout1(out.data() + 1, a.out_size());
+  CHECK_THROWS_WITH_AS(nn::flash::emulate_backward(a, qkv0, dout1, lse, dout1, delta, std::span<float>(dqkv.data(), a.qkv_size())),
+                       doctest::Contains("dout at"), trident::usage_error);
+  CHECK_THROWS_WITH_AS(nn::flash::emulate_backward(a, qkv0, qkv0.first(a.out_size()), lse, qkv0.first(a.out_size()), delta,
+                                                   std::span<float>(dqkv.data() + 1, a.qkv_size())),
+                       doctest::Contains("dqkv at"), trident::usage_error);
 }
 
 TEST_CASE("layer_norm: the AVX2 and AVX-512 paths give the portable path's bits (with and without beta, ragged rows)") {

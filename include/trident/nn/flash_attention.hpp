@@ -31,9 +31,13 @@
 // How a block is written. A kernel is a sequence of phases separated by barriers; a phase is
 // `ex.each(f)` (f(t) for every thread t of the block) or `ex.warps(f)` (f(w) for every warp w,
 // whose 32 threads together run ex.mma on 16 x 16 tiles), and `ex.sync()` is the barrier.
-// Nothing a thread computes lives past a barrier except in shared memory, so the host can run a
-// block as plain loops (host_exec) and the GPU as threads (nn/cuda/flash_attention.cuh's
-// device_exec: wmma TF32 tiles, __syncthreads): the tiling, masking, online softmax and
+// Inside a warp's f, `ex.lanes(g)` runs g(lane) on its 32 lanes and `ex.sync_warp()` is the
+// warp's barrier; such a warp phase touches only rows the warp owns (16w to 16w + 15 of a tile)
+// and reads what others wrote before the last block barrier, so warps never wait for each other
+// there (forward: 2 block barriers per key tile, not 7). Nothing a thread computes lives past
+// a barrier except in shared memory, so the host can run a block as plain loops (host_exec:
+// warp after warp, lane after lane) and the GPU as threads (nn/cuda/flash_attention.cuh's
+// device_exec: wmma TF32 tiles, __syncthreads, __syncwarp): the tiling, masking, online softmax and
 // gradients are tested on any machine (nn.host, against nn::causal_attention), and only the
 // device's tile products and barriers need a GPU.
 #pragma once
@@ -95,8 +99,9 @@ struct layout {
   static constexpr std::size_t rows = tile;
   // forward: q, k, v, o; S; m, l, alpha; two per-thread partials
   static constexpr std::size_t forward_floats = 4 * mat + square + 3 * rows + 2 * threads;
-  // backward: four matrices held, two streamed, S and dP, lse and delta of the streamed rows
-  static constexpr std::size_t backward_floats = 6 * mat + 2 * square + 2 * rows;
+  // backward: two matrices held, two streamed, S and dP, lse and delta of the streamed rows
+  // (the gradients it accumulates are in registers)
+  static constexpr std::size_t backward_floats = 4 * mat + 2 * square + 2 * rows;
 };
 
 namespace detail {
@@ -116,27 +121,82 @@ TRIDENT_HOST_DEVICE inline float log_(float x) {
 #endif
 }
 
-// Rows [row0, row0 + 64) of q, k or v (which) of bh into a [64, D] shared matrix; zeros past seq.
+// Exec's warp-level calls, for use inside ex.warps's lambdas (which nvcc compiles for host and
+// device: the check that a host-device function calls only host-device ones is off here, as for
+// the kernels' functions, since each Exec is used on its side only).
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec, class G>
+TRIDENT_HOST_DEVICE void lanes(Exec& ex, G&& g) {
+  ex.lanes(g);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec>
+TRIDENT_HOST_DEVICE void sync_warp(Exec& ex) {
+  ex.sync_warp();
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <bool ARow, bool BRow, class Exec, class Panel>
+TRIDENT_HOST_DEVICE void mma_panel(Exec& ex, Panel& acc, int w, const float* a, int lda, const float* b, int ldb, int k) {
+  ex.template mma_panel<ARow, BRow>(acc, w, a, lda, b, ldb, k);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec, class Panel>
+TRIDENT_HOST_DEVICE void store_panel(Exec& ex, const Panel& acc, int w, float* c, int ldc) {
+  ex.store_panel(acc, w, c, ldc);
+}
+
+// Four floats, moved as one 16-byte access on the GPU (every row the tiles read or write starts
+// 16-byte aligned: head_dim is a multiple of 16 and forward_problem checks the pointers).
+struct quad {
+  float v[4];
+};
+TRIDENT_HOST_DEVICE inline quad load_quad(const float* src) {
+#if defined(__CUDA_ARCH__)
+  const float4 f = *reinterpret_cast<const float4*>(src);
+  return {{f.x, f.y, f.z, f.w}};
+#else
+  return {{src[0], src[1], src[2], src[3]}};
+#endif
+}
+TRIDENT_HOST_DEVICE inline void store_quad(float* dst, const quad& q) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float4*>(dst) = make_float4(q.v[0], q.v[1], q.v[2], q.v[3]);
+#else
+  for (int e = 0; e < 4; ++e) dst[e] = q.v[e];
+#endif
+}
+
+// Rows [row0, row0 + 64) of a tensor whose row i starts at src + at(i) into a [64, D] shared
+// matrix; zeros past seq. Each thread issues all its loads (D / 8 quads) before its first store,
+// so they are in flight together: one load at a time left the tiles waiting on memory.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec, class At>
+TRIDENT_HOST_DEVICE void load_tile(Exec& ex, const problem& p, const float* src, At at, float* dst, int row0) {
+  constexpr int per_row = D / 4, n = tile * per_row / threads;
+  static_assert(tile * per_row % threads == 0, "every thread moves the same number of quads");
+  ex.each([&](int t) {
+    quad v[n];
+    for (int it = 0; it < n; ++it) {
+      const int idx = it * threads + t, i = row0 + idx / per_row;
+      v[it] = i < p.seq ? load_quad(src + at(i) + 4 * (idx % per_row)) : quad{};
+    }
+    for (int it = 0; it < n; ++it) {
+      const int idx = it * threads + t;
+      store_quad(dst + (idx / per_row) * layout<D>::ld + 4 * (idx % per_row), v[it]);
+    }
+  });
+}
+// Rows [row0, row0 + 64) of q, k or v (which) of bh.
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void load_qkv(Exec& ex, const problem& p, float* dst, int row0, int bh, int which) {
-  ex.each([&](int t) {
-    for (int idx = t; idx < tile * D; idx += threads) {
-      const int r = idx / D, d = idx % D, i = row0 + r;
-      dst[r * layout<D>::ld + d] = i < p.seq ? p.qkv[p.qkv_at(i, bh, which) + d] : 0.0f;
-    }
-  });
+  load_tile<D>(ex, p, p.qkv, [&](int i) { return p.qkv_at(i, bh, which); }, dst, row0);
 }
 // The same for rows of a [seq, batch, heads, D] tensor (out, dout).
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void load_rows(Exec& ex, const problem& p, const float* src, float* dst, int row0, int bh) {
-  ex.each([&](int t) {
-    for (int idx = t; idx < tile * D; idx += threads) {
-      const int r = idx / D, d = idx % D, i = row0 + r;
-      dst[r * layout<D>::ld + d] = i < p.seq ? src[p.out_at(i, bh) + d] : 0.0f;
-    }
-  });
+  load_tile<D>(ex, p, src, [&](int i) { return p.out_at(i, bh); }, dst, row0);
 }
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
@@ -149,15 +209,18 @@ TRIDENT_HOST_DEVICE void zero(Exec& ex, float* dst) {
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void store_qkv(Exec& ex, const problem& p, const float* src, int row0, int bh, int which) {
+  constexpr int per_row = D / 4;
   ex.each([&](int t) {
-    for (int idx = t; idx < tile * D; idx += threads) {
-      const int r = idx / D, d = idx % D, i = row0 + r;
-      if (i < p.seq) p.dqkv[p.qkv_at(i, bh, which) + d] = src[r * layout<D>::ld + d];
+    for (int idx = t; idx < tile * per_row; idx += threads) {
+      const int r = idx / per_row, c = 4 * (idx % per_row), i = row0 + r;
+      if (i < p.seq) store_quad(p.dqkv + p.qkv_at(i, bh, which) + c, load_quad(src + r * layout<D>::ld + c));
     }
   });
 }
 
-// The tile products a warp runs, 16 x 16 output tiles of C (row-major, ldc) over k:
+// The tile products a warp runs: a [16, 16N] panel of C (row-major, ldc) over k, A's fragments
+// loaded once per panel (not once per 16 x 16 tile: shared memory's bandwidth is what the
+// tensor cores wait for):
 //   scores:   C[16w.., 0:64]  = A[16w.., 0:D] B[0:64, 0:D]^T       (q k^T, dout v^T)
 //   rows:     C[16w.., 0:D]  += A[16w.., 0:64] B[0:64, 0:D]        (P v, dS k)
 //   columns:  C[16w.., 0:D]  += A[0:64, 16w..]^T B[0:64, 0:D]      (P^T dout, dS^T q)
@@ -165,22 +228,19 @@ TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void scores(Exec& ex, int w, const float* a, const float* b, float* c) {
   constexpr int ld = layout<D>::ld, lds = layout<D>::lds;
-  for (int j = 0; j < tile / 16; ++j)
-    ex.template mma<true, false>(c + 16 * w * lds + 16 * j, lds, a + 16 * w * ld, ld, b + 16 * j * ld, ld, D, false);
+  ex.template mma<true, false, tile / 16>(c + 16 * w * lds, lds, a + 16 * w * ld, ld, b, ld, D, false);
 }
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void rows_times(Exec& ex, int w, const float* a, const float* b, float* c) {
   constexpr int ld = layout<D>::ld, lds = layout<D>::lds;
-  for (int j = 0; j < D / 16; ++j)
-    ex.template mma<true, true>(c + 16 * w * ld + 16 * j, ld, a + 16 * w * lds, lds, b + 16 * j, ld, tile, true);
+  ex.template mma<true, true, D / 16>(c + 16 * w * ld, ld, a + 16 * w * lds, lds, b, ld, tile, true);
 }
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void columns_times(Exec& ex, int w, const float* a, const float* b, float* c) {
   constexpr int ld = layout<D>::ld, lds = layout<D>::lds;
-  for (int j = 0; j < D / 16; ++j)
-    ex.template mma<false, true>(c + 16 * w * ld + 16 * j, ld, a + 16 * w, lds, b + 16 * j, ld, tile, true);
+  ex.template mma<false, true, D / 16>(c + 16 * w * ld, ld, a + 16 * w, lds, b, ld, tile, true);
 }
 
 }  // namespace detail
@@ -210,61 +270,66 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, float* smem, 
       l[t] = 0.0f;
     }
   });
-  ex.sync();
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * tile;
     detail::load_qkv<D>(ex, p, k, k0, bh, 1);
     detail::load_qkv<D>(ex, p, v, k0, bh, 2);
     ex.sync();
-    ex.warps([&](int w) { detail::scores<D>(ex, w, q, k, s); });
-    ex.sync();
-    // Two threads per row, 32 columns each: scale, mask, and each half's maximum.
-    ex.each([&](int t) {
-      const int r = t / 2, c0 = (t % 2) * (tile / 2);
-      float mx = -INFINITY;
-      for (int c = c0; c < c0 + tile / 2; ++c) {
-        const bool keep = k0 + c <= q0 + r && k0 + c < p.seq;
-        const float x = keep ? s[r * L::lds + c] * p.scale : -INFINITY;
-        s[r * L::lds + c] = x;
-        mx = x > mx ? x : mx;
-      }
-      part_max[t] = mx;
+    // Warp w owns rows [16w, 16w + 16) of S, m, l, alpha and o: from the scores to o += P v it
+    // needs no other warp's results, so its phases are separated by warp barriers only.
+    ex.warps([&](int w) {
+      detail::scores<D>(ex, w, q, k, s);
+      detail::sync_warp(ex);
+      // Two lanes per row, 32 columns each (thread t = 32w + lane has row t / 2): scale, mask,
+      // and each half's maximum.
+      detail::lanes(ex, [&](int lane) {
+        const int t = 32 * w + lane, r = t / 2, c0 = (t % 2) * (tile / 2);
+        float mx = -INFINITY;
+        for (int c = c0; c < c0 + tile / 2; ++c) {
+          const bool keep = k0 + c <= q0 + r && k0 + c < p.seq;
+          const float x = keep ? s[r * L::lds + c] * p.scale : -INFINITY;
+          s[r * L::lds + c] = x;
+          mx = x > mx ? x : mx;
+        }
+        part_max[t] = mx;
+      });
+      detail::sync_warp(ex);
+      detail::lanes(ex, [&](int lane) {
+        const int t = 32 * w + lane, r = t / 2, c0 = (t % 2) * (tile / 2);
+        const float mx = part_max[2 * r] > part_max[2 * r + 1] ? part_max[2 * r] : part_max[2 * r + 1];
+        const float m_new = m[r] > mx ? m[r] : mx;
+        float sum = 0.0f;
+        for (int c = c0; c < c0 + tile / 2; ++c) {
+          // A row with nothing unmasked yet (only rows past seq) keeps P = 0, not exp(-inf + inf).
+          const float e = m_new == -INFINITY ? 0.0f : detail::exp_(s[r * L::lds + c] - m_new);
+          s[r * L::lds + c] = e;
+          sum += e;
+        }
+        part_sum[t] = sum;
+      });
+      detail::sync_warp(ex);
+      detail::lanes(ex, [&](int lane) {
+        if (lane < 16) {
+          const int r = 16 * w + lane;
+          const float mx = part_max[2 * r] > part_max[2 * r + 1] ? part_max[2 * r] : part_max[2 * r + 1];
+          const float m_new = m[r] > mx ? m[r] : mx;
+          const float a = m_new == -INFINITY ? 1.0f : detail::exp_(m[r] - m_new);
+          alpha[r] = a;
+          l[r] = l[r] * a + (part_sum[2 * r] + part_sum[2 * r + 1]);
+          m[r] = m_new;
+        }
+      });
+      detail::sync_warp(ex);
+      detail::lanes(ex, [&](int lane) {
+        for (int idx = lane; idx < 16 * D; idx += 32) {
+          const int r = 16 * w + idx / D, d = idx % D;
+          o[r * L::ld + d] *= alpha[r];
+        }
+      });
+      detail::sync_warp(ex);
+      detail::rows_times<D>(ex, w, s, v, o);
     });
-    ex.sync();
-    ex.each([&](int t) {
-      const int r = t / 2, c0 = (t % 2) * (tile / 2);
-      const float mx = part_max[2 * r] > part_max[2 * r + 1] ? part_max[2 * r] : part_max[2 * r + 1];
-      const float m_new = m[r] > mx ? m[r] : mx;
-      float sum = 0.0f;
-      for (int c = c0; c < c0 + tile / 2; ++c) {
-        // A row with nothing unmasked yet (only rows past seq) keeps P = 0, not exp(-inf + inf).
-        const float e = m_new == -INFINITY ? 0.0f : detail::exp_(s[r * L::lds + c] - m_new);
-        s[r * L::lds + c] = e;
-        sum += e;
-      }
-      part_sum[t] = sum;
-    });
-    ex.sync();
-    ex.each([&](int t) {
-      if (t < tile) {
-        const float mx = part_max[2 * t] > part_max[2 * t + 1] ? part_max[2 * t] : part_max[2 * t + 1];
-        const float m_new = m[t] > mx ? m[t] : mx;
-        const float a = m_new == -INFINITY ? 1.0f : detail::exp_(m[t] - m_new);
-        alpha[t] = a;
-        l[t] = l[t] * a + (part_sum[2 * t] + part_sum[2 * t + 1]);
-        m[t] = m_new;
-      }
-    });
-    ex.sync();
-    ex.each([&](int t) {
-      for (int idx = t; idx < tile * D; idx += threads) {
-        const int r = idx / D, d = idx % D;
-        o[r * L::ld + d] *= alpha[r];
-      }
-    });
-    ex.sync();
-    ex.warps([&](int w) { detail::rows_times<D>(ex, w, s, v, o); });
-    ex.sync();
+    ex.sync();  // every warp is done with this k and v before the next tile's overwrite them
   }
   ex.each([&](int t) {
     for (int idx = t; idx < tile * D; idx += threads) {
@@ -294,16 +359,17 @@ TRIDENT_HOST_DEVICE void delta_rows(Exec& ex, const problem& p, std::size_t firs
 
 namespace detail {
 
-// S (holding q k^T) becomes P = exp(S scale - lse) and dP (holding dout v^T) becomes dS =
-// P (dP - delta) scale, both zero where masked: above the diagonal, past seq.
+// Rows [16w, 16w + 16) of S (holding q k^T) become P = exp(S scale - lse) and those of dP
+// (holding dout v^T) dS = P (dP - delta) scale, both zero where masked: above the diagonal, past
+// seq. Warp w's lanes, inside ex.warps.
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
-TRIDENT_HOST_DEVICE void probabilities_and_ds(Exec& ex, const problem& p, float* s, float* dp, const float* lse,
+TRIDENT_HOST_DEVICE void probabilities_and_ds(Exec& ex, int w, const problem& p, float* s, float* dp, const float* lse,
                                               const float* delta, int q0, int k0) {
   constexpr int lds = layout<D>::lds;
-  ex.each([&](int t) {
-    for (int idx = t; idx < tile * tile; idx += threads) {
-      const int r = idx / tile, c = idx % tile;
+  detail::lanes(ex, [&](int lane) {
+    for (int idx = lane; idx < 16 * tile; idx += 32) {
+      const int r = 16 * w + idx / tile, c = idx % tile;
       const bool keep = k0 + c <= q0 + r && k0 + c < p.seq && q0 + r < p.seq;
       const float pr = keep ? exp_(s[r * lds + c] * p.scale - lse[r]) : 0.0f;
       s[r * lds + c] = pr;
@@ -327,16 +393,15 @@ TRIDENT_HOST_DEVICE void load_row_values(Exec& ex, const problem& p, float* lse,
 }  // namespace detail
 
 //! Backward for key tile kt of bh: its rows of dk and dv in dqkv; smem holds
-//! layout<D>::backward_floats; lse from forward and delta from delta_rows.
+//! layout<D>::backward_floats; lse from forward and delta from delta_rows. dk and dv accumulate
+//! in registers (Exec's panels), not in shared memory: two blocks fit an SM.
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, float* smem, int kt, int bh) {
   using L = layout<D>;
   float* k = smem;
   float* v = k + L::mat;
-  float* dk = v + L::mat;
-  float* dv = dk + L::mat;
-  float* q = dv + L::mat;
+  float* q = v + L::mat;
   float* g = q + L::mat;  // dout's rows
   float* s = g + L::mat;
   float* dp = s + L::square;
@@ -345,41 +410,48 @@ TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, float* sm
   const int k0 = kt * tile;
   detail::load_qkv<D>(ex, p, k, k0, bh, 1);
   detail::load_qkv<D>(ex, p, v, k0, bh, 2);
-  detail::zero<D>(ex, dk);
-  detail::zero<D>(ex, dv);
+  auto dk = ex.template make_panel<D / 16>();  // warp w: rows [16w, 16w + 16) of dk and dv
+  auto dv = ex.template make_panel<D / 16>();
   for (int q0 = k0; q0 < p.seq; q0 += tile) {
     detail::load_qkv<D>(ex, p, q, q0, bh, 0);
     detail::load_rows<D>(ex, p, p.dout, g, q0, bh);
     detail::load_row_values(ex, p, lse, delta, q0, bh);
     ex.sync();
+    // Warp w's rows of S and dP need only its own products; dv and dk need every warp's rows.
     ex.warps([&](int w) {
       detail::scores<D>(ex, w, q, k, s);
       detail::scores<D>(ex, w, g, v, dp);
+      detail::sync_warp(ex);
+      detail::probabilities_and_ds<D>(ex, w, p, s, dp, lse, delta, q0, k0);
     });
     ex.sync();
-    detail::probabilities_and_ds<D>(ex, p, s, dp, lse, delta, q0, k0);
-    ex.sync();
     ex.warps([&](int w) {
-      detail::columns_times<D>(ex, w, s, g, dv);
-      detail::columns_times<D>(ex, w, dp, q, dk);
+      detail::mma_panel<false, true>(ex, dv, w, s + 16 * w, L::lds, g, L::ld, tile);   // dv += P^T dout
+      detail::mma_panel<false, true>(ex, dk, w, dp + 16 * w, L::lds, q, L::ld, tile);  // dk += dS^T q
     });
     ex.sync();
   }
-  detail::store_qkv<D>(ex, p, dk, k0, bh, 1);
-  detail::store_qkv<D>(ex, p, dv, k0, bh, 2);
+  // Through shared memory (q's and dout's, free now) to coalesced rows of dqkv.
+  ex.warps([&](int w) {
+    detail::store_panel(ex, dk, w, q + 16 * w * L::ld, L::ld);
+    detail::store_panel(ex, dv, w, g + 16 * w * L::ld, L::ld);
+  });
+  ex.sync();
+  detail::store_qkv<D>(ex, p, q, k0, bh, 1);
+  detail::store_qkv<D>(ex, p, g, k0, bh, 2);
 }
 
-//! Backward for query tile qt of bh: its rows of dq in dqkv; smem as backward_kv_block's.
+//! Backward for query tile qt of bh: its rows of dq in dqkv; smem as backward_kv_block's, dq in
+//! registers.
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec>
 TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, float* smem, int qt, int bh) {
   using L = layout<D>;
   float* q = smem;
   float* g = q + L::mat;
-  float* dq = g + L::mat;
-  float* k = dq + L::mat;
+  float* k = g + L::mat;
   float* v = k + L::mat;
-  float* s = v + 2 * L::mat;  // one matrix unused: the same layout as backward_kv_block
+  float* s = v + L::mat;
   float* dp = s + L::square;
   float* lse = dp + L::square;
   float* delta = lse + L::rows;
@@ -387,27 +459,30 @@ TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, float* sme
   detail::load_qkv<D>(ex, p, q, q0, bh, 0);
   detail::load_rows<D>(ex, p, p.dout, g, q0, bh);
   detail::load_row_values(ex, p, lse, delta, q0, bh);
-  detail::zero<D>(ex, dq);
+  auto dq = ex.template make_panel<D / 16>();
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * tile;
     detail::load_qkv<D>(ex, p, k, k0, bh, 1);
     detail::load_qkv<D>(ex, p, v, k0, bh, 2);
     ex.sync();
+    // Warp w owns rows [16w, 16w + 16) of S, dP and dq: warp barriers between its phases.
     ex.warps([&](int w) {
       detail::scores<D>(ex, w, q, k, s);
       detail::scores<D>(ex, w, g, v, dp);
+      detail::sync_warp(ex);
+      detail::probabilities_and_ds<D>(ex, w, p, s, dp, lse, delta, q0, k0);
+      detail::sync_warp(ex);
+      detail::mma_panel<true, true>(ex, dq, w, dp + 16 * w * L::lds, L::lds, k, L::ld, tile);  // dq += dS k
     });
-    ex.sync();
-    detail::probabilities_and_ds<D>(ex, p, s, dp, lse, delta, q0, k0);
-    ex.sync();
-    ex.warps([&](int w) { detail::rows_times<D>(ex, w, dp, k, dq); });
-    ex.sync();
+    ex.sync();  // before the next tile's k and v overwrite these
   }
-  detail::store_qkv<D>(ex, p, dq, q0, bh, 0);
+  ex.warps([&](int w) { detail::store_panel(ex, dq, w, k + 16 * w * L::ld, L::ld); });
+  ex.sync();
+  detail::store_qkv<D>(ex, p, k, q0, bh, 0);
 }
 
 //! A block's threads run one after another: each(f) is a loop over the 128 threads, warps(f)
-//! over the 4 warps, and mma the tile product in float (the GPU's rounds operands to TF32).
+//! over the 4 warps, lanes(f) over a warp's 32 lanes, and mma the panel product in float (the GPU's rounds operands to TF32).
 struct host_exec {
   bool tf32 = false;  // round mma's operands to TF32 first, as the GPU's tensor cores take them
 
@@ -419,13 +494,38 @@ struct host_exec {
   void warps(F&& f) const {
     for (int w = 0; w < flash::warps; ++w) f(w);
   }
+  //! Inside warps(f): g(lane) for the warp's 32 lanes.
+  template <class G>
+  void lanes(G&& g) const {
+    for (int lane = 0; lane < 32; ++lane) g(lane);
+  }
   void sync() const noexcept {}
-  //! C[16, 16] (+)= A[16, k] B[k, 16]; A(i, j) at a[i * lda + j] when ARow, else a[j * lda + i];
-  //! B(i, j) at b[i * ldb + j] when BRow, else b[j * ldb + i].
-  template <bool ARow, bool BRow>
+  void sync_warp() const noexcept {}
+  //! A [16, 16N] accumulator per warp, zeros, that lives across barriers (the GPU's: wmma
+  //! fragments in registers); mma_panel adds to warp w's, store_panel writes it to C.
+  template <int N>
+  struct panel {
+    float values[flash::warps * 16 * 16 * N] = {};  // no std::vector: nvcc compiles it as host-device code
+  };
+  template <int N>
+  panel<N> make_panel() const {
+    return {};
+  }
+  template <bool ARow, bool BRow, int N>
+  void mma_panel(panel<N>& acc, int w, const float* a, int lda, const float* b, int ldb, int k) const {
+    mma<ARow, BRow, N>(acc.values + static_cast<std::size_t>(w) * 16 * 16 * N, 16 * N, a, lda, b, ldb, k, true);
+  }
+  template <int N>
+  void store_panel(const panel<N>& acc, int w, float* c, int ldc) const {
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16 * N; ++j) c[i * ldc + j] = acc.values[(static_cast<std::size_t>(w) * 16 + i) * 16 * N + j];
+  }
+  //! C[16, 16N] (+)= A[16, k] B[k, 16N]; A(i, j) at a[i * lda + j] when ARow, else
+  //! a[j * lda + i]; B(i, j) at b[i * ldb + j] when BRow, else b[j * ldb + i].
+  template <bool ARow, bool BRow, int N>
   void mma(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int k, bool accumulate) const {
     for (int i = 0; i < 16; ++i)
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < 16 * N; ++j) {
         float sum = accumulate ? c[i * ldc + j] : 0.0f;
         for (int x = 0; x < k; ++x)
           sum += round(ARow ? a[i * lda + x] : a[x * lda + i]) * round(BRow ? b[x * ldb + j] : b[j * ldb + x]);
@@ -441,7 +541,7 @@ struct host_exec {
 };
 
 //! The head dimensions the tiles are compiled for (shared memory per block at 64: forward
-//! 87 KiB, backward 137 KiB); another gives an error naming these.
+//! 87 KiB, backward 103 KiB: two blocks per H100 SM); another gives an error naming these.
 inline constexpr bool supported_head_dim(std::size_t d) noexcept { return d == 32 || d == 64; }
 
 inline problem make_problem(const causal_attention& shape) {
@@ -470,6 +570,12 @@ inline problem checked_problem(const char* who, const causal_attention& shape, s
                  " exceed the tiles' limits (at most 2^31 - 65 and 65535)");
   return make_problem(shape);
 }
+// The tiles move rows as 16-byte quads: each tensor must start 16-byte aligned (any allocation
+// does; a span that starts at an odd float of one does not).
+inline void check_aligned(const char* who, const char* name, const void* ptr) {
+  TRIDENT_EXPECT(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0, who, ": ", name, " at ", ptr,
+                 " is not 16-byte aligned; the tiles read and write rows of 4 floats at a time");
+}
 }  // namespace detail
 
 //! A forward call's problem from spans (std::span or device_span: .data() and .size()): every
@@ -478,6 +584,7 @@ inline problem checked_problem(const char* who, const causal_attention& shape, s
 template <class In, class Out>
 problem forward_problem(const char* who, const causal_attention& shape, In qkv, Out out, Out lse) {
   problem p = detail::checked_problem(who, shape, qkv.size(), out.size(), lse.size());
+  detail::check_aligned(who, "qkv", qkv.data());
   p.qkv = qkv.data();
   p.out = out.data();
   p.lse = lse.data();
@@ -493,6 +600,9 @@ problem backward_problem(const char* who, const causal_attention& shape, In qkv,
   TRIDENT_EXPECT(dout.size() == out.size() && delta.size() == lse.size() && dqkv.size() == qkv.size(), who,
                  ": expected dout as out (", out.size(), "), delta as lse (", lse.size(), ") and dqkv as qkv (", qkv.size(),
                  "); got ", dout.size(), ", ", delta.size(), " and ", dqkv.size());
+  detail::check_aligned(who, "qkv", qkv.data());
+  detail::check_aligned(who, "dout", dout.data());
+  detail::check_aligned(who, "dqkv", dqkv.data());
   p.qkv = qkv.data();
   p.saved_out = out.data();
   p.saved_lse = lse.data();

@@ -14,11 +14,15 @@
 // layer at B = 16, T = 1024). The algorithm and its indexing are nn/flash_attention.hpp's,
 // shared with the host emulation that nn.host tests against nn::causal_attention; this header
 // adds only the block's execution: each phase on the block's 128 threads, __syncthreads between
-// phases, and the 16 x 16 tile products as wmma m16n16k8 TF32 fragments loaded from and stored
-// to shared memory (so nothing depends on the fragments' register layout). Products therefore
-// round their operands to TF32 (10-bit mantissa), as cuBLAS's TF32 mode does; sums are in float.
+// block phases and __syncwarp between a warp's own, rows moved as float4, and the tile products
+// as wmma m16n16k8 TF32 fragments: operands loaded from shared memory, A's fragment once per
+// [16, 64] panel, results stored to shared memory or, for backward's dk, dv and dq, kept in
+// accumulator fragments across the loop and stored once (nothing depends on the fragments'
+// register layout). Products therefore round their operands to TF32 (10-bit mantissa), as
+// cuBLAS's TF32 mode does; sums are in float. Two blocks per H100 SM (registers and shared
+// memory). bench/gpt_block_ops_cuda times it against the unfused attention (bench/RESULTS.md).
 // Deterministic: no atomics (dq has its own pass over the key tiles). Needs compute capability
-// 8.0 or newer (TF32 tensor cores) and 137 KiB of shared memory per block at head_dim 64 (A100,
+// 8.0 or newer (TF32 tensor cores) and 103 KiB of shared memory per block at head_dim 64 (A100,
 // H100; not the 99 KiB of sm_86/sm_89 cards: refused there with an error before anything runs).
 //
 //   trident::nn::cuda::flash_attention fa{.seq = 1024, .batch = 16, .heads = 12, .head_dim = 64};
@@ -56,40 +60,93 @@ struct flash_device_exec {
   __device__ void warps(F&& f) const {
     f(static_cast<int>(threadIdx.x) / 32);  // all 32 threads of a warp: the wmma calls are collective
   }
+  template <class G>
+  __device__ void lanes(G&& g) const {
+    g(static_cast<int>(threadIdx.x) % 32);
+  }
   __device__ void sync() const { __syncthreads(); }
-  // C[16, 16] (+)= A[16, k] B[k, 16] with host_exec::mma's layouts, k a multiple of 8. Every
-  // pointer is 32-byte aligned and every leading dimension a multiple of 8 floats (nn::flash's
-  // layout), as wmma's loads and stores require.
-  template <bool ARow, bool BRow>
-  __device__ void mma(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int k, bool accumulate) const {
+  __device__ void sync_warp() const { __syncwarp(); }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using accumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+  // acc[j] += A[16, k] B[k, 16j : 16j + 16] with host_exec::mma's layouts, k a multiple of 8.
+  // Every pointer is 32-byte aligned and every leading dimension a multiple of 8 floats
+  // (nn::flash's layout), as wmma's loads require. A's fragment for each step of k is loaded and
+  // rounded once for the N tiles; each tile's sum runs over k in order, as one tile's would.
+  template <bool ARow, bool BRow, int N>
+  __device__ static void mma_into(accumulator (&acc)[N], const float* a, int lda, const float* b, int ldb, int k) {
     namespace wmma = nvcuda::wmma;
     using layout_a = std::conditional_t<ARow, wmma::row_major, wmma::col_major>;
     using layout_b = std::conditional_t<BRow, wmma::row_major, wmma::col_major>;
-    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
-    if (accumulate)
-      wmma::load_matrix_sync(acc, c, static_cast<unsigned>(ldc), wmma::mem_row_major);
-    else
-      wmma::fill_fragment(acc, 0.0f);
     for (int x = 0; x < k; x += 8) {
       wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, layout_a> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, layout_b> fb;
       wmma::load_matrix_sync(fa, a + (ARow ? x : x * lda), static_cast<unsigned>(lda));
-      wmma::load_matrix_sync(fb, b + (BRow ? x * ldb : x), static_cast<unsigned>(ldb));
+#pragma unroll
       for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
-      for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-      wmma::mma_sync(acc, fa, fb, acc);
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, layout_b> fb;
+        const float* bj = b + (BRow ? 16 * j : 16 * j * ldb);
+        wmma::load_matrix_sync(fb, bj + (BRow ? x * ldb : x), static_cast<unsigned>(ldb));
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc[j], fa, fb, acc[j]);
+      }
     }
-    wmma::store_matrix_sync(c, acc, static_cast<unsigned>(ldc), wmma::mem_row_major);
-#else
-    (void)c, (void)ldc, (void)a, (void)lda, (void)b, (void)ldb, (void)k, (void)accumulate;
-    __trap();  // flash_attention refuses such devices before launching (check_device)
-#endif
   }
+  // C[16, 16N] (+)= A[16, k] B[k, 16N], C in shared memory (row-major, ldc).
+  template <bool ARow, bool BRow, int N>
+  __device__ void mma(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int k, bool accumulate) const {
+    accumulator acc[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if (accumulate)
+        nvcuda::wmma::load_matrix_sync(acc[j], c + 16 * j, static_cast<unsigned>(ldc), nvcuda::wmma::mem_row_major);
+      else
+        nvcuda::wmma::fill_fragment(acc[j], 0.0f);
+    }
+    mma_into<ARow, BRow, N>(acc, a, lda, b, ldb, k);
+#pragma unroll
+    for (int j = 0; j < N; ++j) nvcuda::wmma::store_matrix_sync(c + 16 * j, acc[j], static_cast<unsigned>(ldc), nvcuda::wmma::mem_row_major);
+  }
+  // host_exec's panels: each thread holds its warp's fragments, so w is the caller's own warp.
+  template <int N>
+  struct panel {
+    accumulator acc[N];
+  };
+  template <int N>
+  __device__ panel<N> make_panel() const {
+    panel<N> p;
+#pragma unroll
+    for (int j = 0; j < N; ++j) nvcuda::wmma::fill_fragment(p.acc[j], 0.0f);
+    return p;
+  }
+  template <bool ARow, bool BRow, int N>
+  __device__ void mma_panel(panel<N>& p, int /*w*/, const float* a, int lda, const float* b, int ldb, int k) const {
+    mma_into<ARow, BRow, N>(p.acc, a, lda, b, ldb, k);
+  }
+  template <int N>
+  __device__ void store_panel(const panel<N>& p, int /*w*/, float* c, int ldc) const {
+#pragma unroll
+    for (int j = 0; j < N; ++j) nvcuda::wmma::store_matrix_sync(c + 16 * j, p.acc[j], static_cast<unsigned>(ldc), nvcuda::wmma::mem_row_major);
+  }
+#else
+  // Not compiled for devices without TF32 tensor cores: flash_attention refuses them before
+  // launching (check_device), so these only have to exist.
+  template <int N>
+  struct panel {};
+  template <bool ARow, bool BRow, int N>
+  __device__ void mma(float*, int, const float*, int, const float*, int, int, bool) const { __trap(); }
+  template <int N>
+  __device__ panel<N> make_panel() const { return {}; }
+  template <bool ARow, bool BRow, int N>
+  __device__ void mma_panel(panel<N>&, int, const float*, int, const float*, int, int) const { __trap(); }
+  template <int N>
+  __device__ void store_panel(const panel<N>&, int, float*, int) const { __trap(); }
+#endif
 };
 
 template <int D>
-__global__ void __launch_bounds__(flash::threads) flash_forward_kernel(flash::problem p) {
+__global__ void __launch_bounds__(flash::threads, 2) flash_forward_kernel(flash::problem p) {
   extern __shared__ __align__(128) float flash_smem[];
   flash_device_exec ex;
   // The last query tiles (the most key tiles) first, so that the grid's tail is short ones.
@@ -101,13 +158,13 @@ __global__ void __launch_bounds__(flash::threads) flash_delta_kernel(flash::prob
   flash::delta_rows<D>(ex, p, static_cast<std::size_t>(blockIdx.x) * flash::threads);
 }
 template <int D>
-__global__ void __launch_bounds__(flash::threads) flash_backward_kv_kernel(flash::problem p) {
+__global__ void __launch_bounds__(flash::threads, 2) flash_backward_kv_kernel(flash::problem p) {
   extern __shared__ __align__(128) float flash_smem[];
   flash_device_exec ex;
   flash::backward_kv_block<D>(ex, p, flash_smem, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
 }
 template <int D>
-__global__ void __launch_bounds__(flash::threads) flash_backward_q_kernel(flash::problem p) {
+__global__ void __launch_bounds__(flash::threads, 2) flash_backward_q_kernel(flash::problem p) {
   extern __shared__ __align__(128) float flash_smem[];
   flash_device_exec ex;
   flash::backward_q_block<D>(ex, p, flash_smem, static_cast<int>(gridDim.x - 1 - blockIdx.x), static_cast<int>(blockIdx.y));
