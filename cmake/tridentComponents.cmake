@@ -2,7 +2,8 @@
 # installed package so that trident::cuda, trident::nccl and trident::mpi mean the same thing
 # whether a project uses add_subdirectory, the build tree or an installed (Conan, vcpkg) copy.
 #
-#   trident::cuda   trident::trident + CUDA::cudart + CUDA::cublas, TRIDENT_HAS_CUDA=1
+#   trident::cuda   trident::trident + CUDA::cudart + CUDA::cublas + CUDA::cublasLt,
+#                   TRIDENT_HAS_CUDA=1
 #   trident::nccl   trident::cuda + NCCL::NCCL,                     TRIDENT_HAS_NCCL=1
 #   trident::mpi    trident::trident + MPI::MPI_CXX,                TRIDENT_HAS_MPI=1
 #
@@ -32,10 +33,10 @@ function(trident_define_component component scope result_var)
     return()
   endif()
   if(component STREQUAL "cuda")
-    if(NOT TARGET CUDA::cudart OR NOT TARGET CUDA::cublas)
+    if(NOT TARGET CUDA::cudart OR NOT TARGET CUDA::cublas OR NOT TARGET CUDA::cublasLt)
       return()
     endif()
-    set(links trident::trident CUDA::cudart CUDA::cublas)
+    set(links trident::trident CUDA::cudart CUDA::cublas CUDA::cublasLt)
     set(defines TRIDENT_HAS_CUDA=1)
   elseif(component STREQUAL "nccl")
     trident_define_component(cuda "${scope}" _trident_cuda_ok)

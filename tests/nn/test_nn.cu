@@ -162,6 +162,26 @@ TEST_CASE("cuda::linear matches nn::linear, accumulating dW and db like the host
   check_close(trident::to_vector(d_dw), dw, 2e-5, 1e-5, "dW");
   check_close(trident::to_vector(d_db), db, 2e-5, 1e-5, "db");  // a double tree against the host's float row order
 
+  // The bias in cuBLASLt's epilogue (a cublas_handle) and as a second pass (a raw handle, no
+  // cuBLASLt): the same y to float rounding (cuBLASLt's kernel sums in its own order: 2.6e-6
+  // apart here on an H200); in TF32 math as well.
+  CHECK(nn::cuda::gemm_bias(blas, stream, batch, out, in, d_x.data(), d_w.data(), d_b.data(), d_y.data()));
+  CHECK_FALSE(nn::cuda::gemm_bias(nn::blas_ref{blas.get()}, stream, batch, out, in, d_x.data(), d_w.data(), d_b.data(), d_y.data()));
+  buffer<float, cuda_space> d_y2(batch * out);
+  fc.forward(nn::blas_ref{blas.get()}, stream, batch, d_x.device_handle(), d_w.device_handle(), d_b.device_handle(), d_y2.device_handle());
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check_close(trident::to_vector(d_y2), trident::to_vector(d_y), 2e-5, 1e-5, "y with the bias as a second pass");
+  for (const auto math : {nn::gemm_math::fp32, nn::gemm_math::tf32}) {
+    nn::cublas_handle h;
+    h.set_math(math);
+    fc.forward(h, stream, batch, d_x.device_handle(), d_w.device_handle(), d_b.device_handle(), d_y.device_handle());
+    fc.forward(nn::blas_ref{h.get(), math}, stream, batch, d_x.device_handle(), d_w.device_handle(), d_b.device_handle(),
+               d_y2.device_handle());
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_close(trident::to_vector(d_y2), trident::to_vector(d_y), math == nn::gemm_math::tf32 ? 1e-2 : 2e-5, 1e-5, nn::name(math));
+    check_close(trident::to_vector(d_y), y, math == nn::gemm_math::tf32 ? 1e-2 : 2e-5, 1e-5, "y against the host");
+  }
+
   // A second micro-batch accumulates again; no dx, no bias.
   fc.backward(blas, stream, batch, d_x.device_handle(), d_w.device_handle(), d_dy.device_handle(), {},
               d_dw.device_handle(), {});

@@ -238,6 +238,8 @@ struct linear {
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
     const std::size_t in = in_features, out = out_features;
     nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
+    // With a bias, one cuBLASLt call adds it in the GEMM's epilogue (a raw handle: a second pass).
+    if (!b.empty() && gemm_bias(handle, stream, batch, out, in, x.data(), w.data(), b.data(), y.data())) return;
     gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, y.data(), out);
     if (!b.empty() && !y.empty()) {
       detail::add_bias_kernel<><<<detail::grid_for(y.size()), detail::block_size, 0, stream>>>(y, b, out);
