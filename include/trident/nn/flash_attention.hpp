@@ -35,8 +35,9 @@
 // warp's barrier; such a warp phase touches only rows the warp owns (16w to 16w + 15 of a tile)
 // and reads what others wrote before the last block barrier, so warps never wait for each other
 // there (forward: 2 block barriers per key tile, not 7). Nothing a thread computes lives past
-// a barrier except in shared memory, so the host can run a block as plain loops (host_exec:
-// warp after warp, lane after lane) and the GPU as threads (nn/cuda/flash_attention.cuh's
+// a barrier except in shared memory and in the Exec's panels (a warp's accumulators: registers
+// on the GPU, an array per warp on the host), so the host can run a block as plain loops
+// (host_exec: warp after warp, lane after lane) and the GPU as threads (nn/cuda/flash_attention.cuh's
 // device_exec: wmma TF32 tiles, __syncthreads, __syncwarp): the tiling, masking, online softmax and
 // gradients are tested on any machine (nn.host, against nn::causal_attention), and only the
 // device's tile products and barriers need a GPU.
