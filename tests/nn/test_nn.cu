@@ -270,7 +270,7 @@ TEST_CASE("a failing cuBLAS call throws cublas_error with its status") {
 
 TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbeta like the host") {
   for (const std::size_t hidden : {std::size_t{7}, std::size_t{300}}) {  // fewer and more columns than a block's threads
-    const std::size_t rows = 37;
+    const std::size_t rows = 150;  // more than a column tile's 128 rows of threads
     const nn::layer_norm host{hidden, 1e-5f};
     const nn::cuda::layer_norm dev{hidden, 1e-5f};
     auto x = random_vector(rows * hidden, 41, -2.0f, 2.0f);
@@ -306,7 +306,7 @@ TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbet
 
 TEST_CASE("cuda::rms_norm matches nn::rms_norm, accumulating dgamma like the host") {
   for (const std::size_t hidden : {std::size_t{7}, std::size_t{300}}) {
-    const std::size_t rows = 23;
+    const std::size_t rows = 150;  // more than a column tile's 128 rows of threads
     const nn::rms_norm host{hidden, 1e-6f};
     const nn::cuda::rms_norm dev{hidden, 1e-6f};
     const auto x = random_vector(rows * hidden, 71, -2.0f, 2.0f), gamma = random_vector(hidden, 72, 0.5f, 1.5f);

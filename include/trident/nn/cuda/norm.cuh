@@ -13,7 +13,7 @@
 // statistics saved for backward, dx overwritten, dgamma and dbeta accumulated) and its shape
 // checks. One block per row; the row sums run in double over a fixed tree (the host sums in
 // index order, so the statistics agree to rounding, not bit for bit); the parameter gradients
-// sum the rows in double, 32 x 32 threads per tile of 32 columns and a fixed tree (the host sums
+// sum the rows in double, 8 x 128 threads per tile of 8 columns and a fixed tree (the host sums
 // in row order in float: equal to rounding). Deterministic, no atomics.
 // The float element arithmetic is the host's, with explicit rounding (__fmul_rn, __fadd_rn) so
 // that nvcc does not contract it into FMAs (the double expressions may contract: within
