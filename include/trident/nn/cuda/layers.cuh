@@ -102,12 +102,38 @@ __global__ void bias_grad_kernel(device_span<const float> dy, device_span<float>
   if (threadIdx.y == 0 && o < out) db[o] = static_cast<float>(static_cast<double>(db[o]) + sb[0][threadIdx.x]);
 }
 
+// The element-wise kernels read and write float4s where every pointer is 16-byte aligned (one
+// 16-byte access per thread and iteration instead of four 4-byte ones: the scalar GELU forward
+// reached half of an H100's copy bandwidth), then the last size % 4 elements one at a time.
+// Each element's arithmetic is the scalar one's, so the results are the same bits either way;
+// dx may alias dy and y may alias x (a thread reads its elements before writing them).
+inline bool aligned16(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// f(i, v[i]...) for quads i < n / 4 over float4 views, then for the tail elements as floats.
+template <class F>
+__device__ void for_each_quad(std::size_t n, F f) {
+  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x, first = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
+  for (std::size_t i = first; i < n / 4; i += stride) f.quad(i);
+  if (first < n % 4) f.one(n - n % 4 + first);
+}
+
 template <class = void>  // a template so that several translation units may include this header
 __global__ void add_to_kernel(device_span<const float> x, device_span<float> y) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
        i += std::size_t{gridDim.x} * blockDim.x)
     y[i] = __fadd_rn(y[i], x[i]);
 }
+struct add_to_quads {
+  const float* x;
+  float* y;
+  __device__ void quad(std::size_t i) const {
+    const float4 a = reinterpret_cast<const float4*>(x)[i];
+    float4 b = reinterpret_cast<float4*>(y)[i];
+    b = make_float4(__fadd_rn(b.x, a.x), __fadd_rn(b.y, a.y), __fadd_rn(b.z, a.z), __fadd_rn(b.w, a.w));
+    reinterpret_cast<float4*>(y)[i] = b;
+  }
+  __device__ void one(std::size_t i) const { y[i] = __fadd_rn(y[i], x[i]); }
+};
 
 template <class Act>
 __global__ void activation_forward_kernel(device_span<const float> x, device_span<float> y) {
@@ -115,6 +141,16 @@ __global__ void activation_forward_kernel(device_span<const float> x, device_spa
        i += std::size_t{gridDim.x} * blockDim.x)
     y[i] = Act::value(x[i]);
 }
+template <class Act>
+struct forward_quads {
+  const float* x;
+  float* y;
+  __device__ void quad(std::size_t i) const {
+    const float4 a = reinterpret_cast<const float4*>(x)[i];
+    reinterpret_cast<float4*>(y)[i] = make_float4(Act::value(a.x), Act::value(a.y), Act::value(a.z), Act::value(a.w));
+  }
+  __device__ void one(std::size_t i) const { y[i] = Act::value(x[i]); }
+};
 
 template <class Act>
 __global__ void activation_backward_kernel(device_span<const float> x, device_span<const float> dy,
@@ -122,6 +158,23 @@ __global__ void activation_backward_kernel(device_span<const float> x, device_sp
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
        i += std::size_t{gridDim.x} * blockDim.x)
     dx[i] = Act::grad(x[i], dy[i]);
+}
+template <class Act>
+struct backward_quads {
+  const float* x;
+  const float* dy;
+  float* dx;
+  __device__ void quad(std::size_t i) const {
+    const float4 a = reinterpret_cast<const float4*>(x)[i], g = reinterpret_cast<const float4*>(dy)[i];
+    reinterpret_cast<float4*>(dx)[i] =
+        make_float4(Act::grad(a.x, g.x), Act::grad(a.y, g.y), Act::grad(a.z, g.z), Act::grad(a.w, g.w));
+  }
+  __device__ void one(std::size_t i) const { dx[i] = Act::grad(x[i], dy[i]); }
+};
+
+template <class F>
+__global__ void quads_kernel(std::size_t n, F f) {
+  for_each_quad(n, f);
 }
 
 // A fixed pairwise tree over the block's shared values (blockDim.x == block_size, a power of 2):
@@ -271,7 +324,11 @@ template <class Act>
 void activation_forward(device_span<const float> x, device_span<float> y, cudaStream_t stream = 0) {
   nn::detail::check_elementwise("cuda::activation_forward", x.size(), y.size());
   if (x.empty()) return;
-  detail::activation_forward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
+  if (detail::aligned16(x.data()) && detail::aligned16(y.data()))
+    detail::quads_kernel<<<detail::grid_for((x.size() + 3) / 4), detail::block_size, 0, stream>>>(
+        x.size(), detail::forward_quads<Act>{x.data(), y.data()});
+  else
+    detail::activation_forward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
   TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -282,7 +339,11 @@ void activation_backward(device_span<const float> x, device_span<const float> dy
   nn::detail::check_elementwise("cuda::activation_backward", x.size(), dy.size());
   nn::detail::check_elementwise("cuda::activation_backward", x.size(), dx.size());
   if (x.empty()) return;
-  detail::activation_backward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, dy, dx);
+  if (detail::aligned16(x.data()) && detail::aligned16(dy.data()) && detail::aligned16(dx.data()))
+    detail::quads_kernel<<<detail::grid_for((x.size() + 3) / 4), detail::block_size, 0, stream>>>(
+        x.size(), detail::backward_quads<Act>{x.data(), dy.data(), dx.data()});
+  else
+    detail::activation_backward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, dy, dx);
   TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -290,7 +351,11 @@ void activation_backward(device_span<const float> x, device_span<const float> dy
 inline void add_to(device_span<const float> x, device_span<float> y, cudaStream_t stream = 0) {
   nn::detail::check_elementwise("cuda::add_to", x.size(), y.size());
   if (x.empty()) return;
-  detail::add_to_kernel<><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
+  if (detail::aligned16(x.data()) && detail::aligned16(y.data()))
+    detail::quads_kernel<<<detail::grid_for((x.size() + 3) / 4), detail::block_size, 0, stream>>>(
+        x.size(), detail::add_to_quads{x.data(), y.data()});
+  else
+    detail::add_to_kernel<><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
   TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 
