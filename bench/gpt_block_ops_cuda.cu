@@ -23,6 +23,7 @@
 #include "trident/nn/cuda/attention.cuh"
 #include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/cuda/flash_attention.cuh"
+#include "trident/nn/cuda/flash_bf16.cuh"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/cuda/norm.cuh"
 
@@ -153,6 +154,12 @@ int main(int argc, char** argv) {
              fa.backward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle(), dy.device_handle(),
                          delta.device_handle(), dqkv.device_handle());
            }, reps), 0, 5 * causal);
+      // The bf16 tiles with the scores in registers (forward only so far), on the same inputs.
+      const nn::cuda::flash_attention_bf16 fb{.seq = seq, .batch = batch, .heads = heads, .head_dim = h / heads};
+      std::printf(" flash attention, bf16 tiles with the scores in registers (mma.sync)\n");
+      line("flash attention bf16 forward", time_ms([&] {
+             fb.forward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle());
+           }, reps), 0, 2 * causal);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_block_ops_cuda: %s\n", e.what());

@@ -51,6 +51,7 @@
 #include "trident/nn/attention.hpp"
 #include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/flash_attention.hpp"
+#include "trident/nn/flash_bf16.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"

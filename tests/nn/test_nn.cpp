@@ -23,6 +23,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
 #include "trident/nn/flash_attention.hpp"
+#include "trident/nn/flash_bf16.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/optim/host_simd.hpp"
 #include "trident/nn/linear.hpp"
@@ -654,6 +655,37 @@ TEST_CASE("flash attention's tiles (emulated on the host): out, lse and dqkv of 
   CHECK_THROWS_WITH_AS(nn::flash::emulate_backward(a, qkv0, qkv0.first(a.out_size()), lse, qkv0.first(a.out_size()), delta,
                                                    std::span<float>(dqkv.data() + 1, a.qkv_size())),
                        doctest::Contains("dqkv at"), trident::usage_error);
+}
+
+TEST_CASE("bf16 flash tiles (emulated on the host): the attention of the bf16-rounded inputs, any seq") {
+  // The reference: nn::causal_attention on q, k and v rounded to bf16, which is what the tiles
+  // multiply; what remains is P's rounding to bf16 before P v (about 2^-9 per term) for out, and
+  // float sums for lse. A fragment placed in the wrong lane, a mask off by one or a softmax
+  // statistic kept per lane instead of per row moves out by a sizeable part of its range.
+  for (const std::size_t head_dim : {std::size_t{32}, std::size_t{64}})
+    for (const std::size_t seq : {std::size_t{1}, std::size_t{37}, std::size_t{64}, std::size_t{130}}) {
+      INFO("seq ", seq, " head_dim ", head_dim);
+      const nn::causal_attention a{.seq = seq, .batch = 2, .heads = 2, .head_dim = head_dim};
+      auto qkv = random_vector(a.qkv_size(), 111, -3.0f, 3.0f);
+      for (float& x : qkv) x = static_cast<float>(trident::bf16(x));
+      std::vector<float> out(a.out_size()), probs(a.probs_size());
+      a.forward(qkv, out, probs);
+      const std::size_t rows = a.batch * a.heads * seq;
+      std::vector<float> b_out(a.out_size(), NAN), b_lse(rows, NAN), f_out(a.out_size()), f_lse(rows);
+      nn::flash_bf16::emulate_forward(a, qkv, b_out, b_lse);
+      nn::flash::emulate_forward(a, qkv, f_out, f_lse);  // the float tiles, exact products
+      double diff = 0, norm = 0, lse_diff = 0;  // a NaN left anywhere (an element not written) fails
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        diff = std::isnan(b_out[i]) ? INFINITY : std::max(diff, static_cast<double>(std::abs(b_out[i] - out[i])));
+        norm = std::max(norm, static_cast<double>(std::abs(out[i])));
+      }
+      for (std::size_t i = 0; i < rows; ++i)
+        lse_diff = std::isnan(b_lse[i]) ? INFINITY : std::max(lse_diff, static_cast<double>(std::abs(b_lse[i] - f_lse[i])));
+      MESSAGE("out within ", diff / norm, " of its largest element, lse within ", lse_diff);
+      CHECK(diff / norm <= 5e-3);
+      CHECK(lse_diff <= 1e-5);
+      if (seq > 1) CHECK(diff / norm > 1e-5);  // P's rounding shows: the products did run in bf16
+    }
 }
 
 TEST_CASE("layer_norm: the AVX2 and AVX-512 paths give the portable path's bits (with and without beta, ragged rows)") {

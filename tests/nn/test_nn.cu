@@ -17,9 +17,11 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
 #include "trident/nn/flash_attention.hpp"
+#include "trident/nn/flash_bf16.hpp"
 #include "trident/nn/cuda/attention.cuh"
 #include "trident/nn/cuda/cublas.hpp"
 #include "trident/nn/cuda/flash_attention.cuh"
+#include "trident/nn/cuda/flash_bf16.cuh"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/cuda/norm.cuh"
 #include "trident/nn/linear.hpp"
@@ -441,6 +443,50 @@ TEST_CASE("cuda::flash_attention: the host emulation of its tiles (TF32 operands
   buffer<float, cuda_space> q32(8 * 3 * 32), o32(8 * 32);
   CHECK_THROWS_WITH_AS(fa.forward(0, q32.device_handle(), o32.device_handle(), small.device_handle()),
                        doctest::Contains("lse has 3 elements, expected [batch=1, heads=1, seq=8] = 8"), trident::usage_error);
+}
+
+TEST_CASE("cuda::flash_attention_bf16: the host emulation of its warps (bf16 fragments), and the exact attention to bf16's rounding") {
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  const auto normwise = [](const std::vector<float>& got, const std::vector<float>& want) {
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      diff = std::isfinite(got[i]) ? std::max(diff, std::abs(static_cast<double>(got[i]) - want[i])) : INFINITY;
+      norm = std::max(norm, std::abs(static_cast<double>(want[i])));
+    }
+    return diff / norm;
+  };
+  struct shape_case {
+    std::size_t seq, batch, heads, head_dim;
+  };
+  for (const auto c : {shape_case{37, 1, 2, 32}, shape_case{64, 2, 1, 64}, shape_case{130, 2, 3, 64}, shape_case{300, 1, 2, 64}}) {
+    INFO("seq ", c.seq, " batch ", c.batch, " heads ", c.heads, " head_dim ", c.head_dim);
+    const nn::causal_attention host{.seq = c.seq, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim};
+    const nn::cuda::flash_attention_bf16 dev{.seq = c.seq, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim};
+    const auto qkv = random_vector(host.qkv_size(), 63, -2.0f, 2.0f);
+    std::vector<float> out(host.out_size()), probs(host.probs_size());
+    host.forward(qkv, out, probs);
+    std::vector<float> e_out(host.out_size()), e_lse(dev.lse_size());
+    nn::flash_bf16::emulate_forward(host, qkv, e_out, e_lse);
+    auto d_qkv = to_device(qkv);
+    buffer<float, cuda_space> d_out(host.out_size()), d_lse(dev.lse_size());
+    if (major < 8) {
+      CHECK_THROWS_WITH_AS(dev.forward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle()),
+                           doctest::Contains("needs bf16 tensor cores"), trident::usage_error);
+      return;
+    }
+    dev.forward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle());
+    const auto g_out = trident::to_vector(d_out), g_lse = trident::to_vector(d_lse);
+    MESSAGE("flash bf16 seq ", c.seq, " head_dim ", c.head_dim, ": out from the emulation ", normwise(g_out, e_out),
+            ", from exact ", normwise(g_out, out), "; lse from the emulation ", normwise(g_lse, e_lse));
+    // The GPU's warps are the emulated ones: the tensor cores' summation order and exp's last
+    // bits differ, and through them now and then a P rounded to the neighbouring bf16 value
+    // (2^-8 of one term). A fragment in the wrong lane or register would be O(1).
+    CHECK(normwise(g_out, e_out) <= 2e-3);
+    CHECK(normwise(g_lse, e_lse) <= 1e-4);
+    // Against the exact attention of the float inputs: bf16's rounding of q, k, v and P.
+    CHECK(normwise(g_out, out) <= 3e-2);
+  }
 }
 
 TEST_CASE("cuda::add_to is the host's float addition") {

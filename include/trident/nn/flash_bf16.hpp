@@ -1,0 +1,406 @@
+// trident/nn/flash_bf16.hpp — causal attention's forward with the scores in registers: bf16
+// tensor-core tiles (the GPU's mma.sync m16n8k16), written once for a GPU warp and for a host
+// emulation of its 32 lanes.
+//
+// Synopsis (namespace trident::nn::flash_bf16)
+//   struct frag_a, frag_b, frag_c         a lane's share of a [16, 16] bf16 A, a [16, 8] bf16 B,
+//                                         a [16, 8] float C (PTX's documented fragment layouts)
+//   template <int D> struct layout        a block's shared memory: K [64, D] and V^T [D, 64] in bf16
+//   struct host_exec                      a block's 128 lanes, one after another, on the host
+//   template <int D, class Exec> void forward_block(ex, p, smem, qt, bh)
+//   void emulate_forward(shape, qkv, out, lse)   every block of the grid on the host, for tests
+//
+// nn::flash's problem and contract (nn/flash_attention.hpp: qkv [seq, batch, heads, 3, head_dim]
+// in, out [seq, batch, heads, head_dim] and lse [batch, heads, seq] out), and its algorithm
+// (FlashAttention-2's forward: per 64-query tile, the key tiles up to the diagonal, an online
+// softmax). What differs is where the scores live. nn::flash keeps S and P in shared memory,
+// because wmma's fragments have no documented layout; there its best was 21 TFLOP/s on an
+// H200, below the unfused attention. Here each warp owns 16 query rows and keeps, in
+// registers, its q fragments, its [16, 64] scores (8 C fragments), its [16, D] output and each
+// row's running maximum and sum; the softmax runs on the C fragments where mma left them (a lane
+// holds 2 columns of rows g and g + 8, g = lane / 4; a row's 4 lanes combine their maxima and
+// sums with two shuffles), and P goes from the C fragments straight into A fragments for P v (the
+// layouts line up: C columns 2t, 2t + 1 of two adjacent n-tiles are A's columns of one k-step).
+// Only K and V go through shared memory, once per key tile, as bf16 (V transposed, so that B's
+// pairs are adjacent). FlashAttention-2's own kernels work this way.
+//
+// Numerics: q, k, v and P are rounded to bf16 (round to nearest even) before their products,
+// which are exact in float; sums are in float; the row sums l add P before its rounding. So out
+// is the attention of the bf16-rounded q, k, v within P's rounding (about 2^-9 relative per
+// term), and lse is the log-sum-exp of the bf16 scores within float rounding.
+//
+// How it is written. As nn::flash: phases on a block's threads (`ex.each`), block barriers
+// (`ex.sync`), and warp programs (`ex.warps`) whose lane code runs in `ex.lanes`. A lane's state
+// (fragments, row statistics) lives in `ex`'s per-lane storage across barriers: on the GPU the
+// thread's registers, on the host an array of 128. The warp-collective operations are Exec's:
+// `ex.mma(w, c, a, b)` (D = A B + C on one warp's fragments, each given per lane) and
+// `ex.quad_max` / `ex.quad_sum` (a value combined over each 4 consecutive lanes, as two
+// shfl_xor steps do it). host_exec implements them on the fragments' documented layouts, so the
+// fragment bookkeeping, masking and softmax are tested on any machine (nn.host, against the
+// exact attention of the rounded inputs); nn/cuda/flash_bf16.cuh's device_exec issues
+// mma.sync and __shfl_xor_sync.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "trident/core/config.hpp"
+#include "trident/core/half.hpp"
+#include "trident/nn/attention.hpp"
+#include "trident/nn/flash_attention.hpp"
+
+namespace trident::nn::flash_bf16 {
+
+using flash::problem;
+using flash::threads;
+using flash::tile;
+using flash::warps;
+
+//! A lane's share of a [16, 16] bf16 A (row-major): bf16 pairs (low half first) at rows g, g + 8,
+//! g, g + 8 and columns 2t, 2t, 2t + 8, 2t + 8 (g = lane / 4, t = lane % 4).
+struct frag_a {
+  std::uint32_t r[4];
+};
+//! A lane's share of a [16, 8] bf16 B (k rows, n columns): pairs along k at k = 2t and 2t + 8, column g.
+struct frag_b {
+  std::uint32_t r[2];
+};
+//! A lane's share of a [16, 8] float C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+struct frag_c {
+  float v[4];
+};
+
+//! A block's shared memory for head_dim D, in bf16 elements: a key tile [64, D] and a value tile
+//! transposed [D, 64], rows padded by 8 elements (16 bytes): the 8 row groups of a fragment's
+//! loads then fall 4 banks apart, so a warp's 32 loads of 4 bytes hit 32 banks.
+template <int D>
+struct layout {
+  static_assert(D % 16 == 0 && D >= 16 && D <= 128, "bf16 flash tiles need head_dim a multiple of 16, at most 128");
+  static constexpr int ldk = D + 8;
+  static constexpr int ldv = tile + 8;
+  static constexpr std::size_t k_elems = static_cast<std::size_t>(tile) * ldk;
+  static constexpr std::size_t v_elems = static_cast<std::size_t>(D) * ldv;
+  static constexpr std::size_t forward_bytes = 2 * (k_elems + v_elems);
+};
+
+//! A lane's state across a forward block's barriers.
+template <int D>
+struct lane_state {
+  frag_a q[D / 16];       // the warp's 16 query rows, k-steps of 16 columns
+  frag_c s[tile / 8];     // scores of the current key tile, then P
+  frag_c o[D / 8];        // the unnormalised output
+  float m[2], l[2];       // rows g and g + 8: running maximum, this lane's part of the running sum
+  float part[2];          // scratch for the quad reductions
+};
+
+namespace detail {
+
+TRIDENT_HOST_DEVICE inline std::uint16_t lo16(std::uint32_t x) { return static_cast<std::uint16_t>(x & 0xffffu); }
+TRIDENT_HOST_DEVICE inline std::uint16_t hi16(std::uint32_t x) { return static_cast<std::uint16_t>(x >> 16); }
+TRIDENT_HOST_DEVICE inline std::uint32_t join(std::uint16_t lo, std::uint16_t hi) {
+  return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+}
+// Two adjacent bf16 of shared memory as one register, the first in the low half: one 4-byte load
+// on the GPU (every pair a fragment reads starts at an even element of a 16-byte aligned row).
+TRIDENT_HOST_DEVICE inline std::uint32_t load_pair(const std::uint16_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const std::uint32_t*>(p);
+#else
+  return join(p[0], p[1]);
+#endif
+}
+// A float rounded to bf16 (nearest even), as bits: the same on both sides (trident::bf16).
+TRIDENT_HOST_DEVICE inline std::uint16_t bf16_bits(float x) { return bf16(x).bits(); }
+TRIDENT_HOST_DEVICE inline std::uint32_t pack(float lo, float hi) { return join(bf16_bits(lo), bf16_bits(hi)); }
+
+// Exec's calls, for use inside ex.warps's lambdas (nvcc compiles them as host-device code; each
+// Exec is used on its own side only).
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec, class G>
+TRIDENT_HOST_DEVICE void lanes(Exec& ex, G&& g) {
+  ex.lanes(g);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec, class C, class A, class B>
+TRIDENT_HOST_DEVICE void mma(Exec& ex, C&& c, A&& a, B&& b) {
+  ex.mma(c, a, b);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec, class F>
+TRIDENT_HOST_DEVICE void quad_max(Exec& ex, F&& f) {
+  ex.quad_max(f);
+}
+TRIDENT_EXEC_CHECK_DISABLE
+template <class Exec, class F>
+TRIDENT_HOST_DEVICE void quad_sum(Exec& ex, F&& f) {
+  ex.quad_sum(f);
+}
+
+TRIDENT_HOST_DEVICE inline float exp_(float x) { return flash::detail::exp_(x); }
+TRIDENT_HOST_DEVICE inline float log_(float x) { return flash::detail::log_(x); }
+
+}  // namespace detail
+
+//! Forward for query tile qt of (batch x head) bh: out's rows and lse; smem holds
+//! layout<D>::forward_bytes.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t* smem, int qt, int bh) {
+  using L = layout<D>;
+  constexpr int ksteps = D / 16, ntiles = tile / 8, dtiles = D / 8;
+  std::uint16_t* ks = smem;
+  std::uint16_t* vt = smem + L::k_elems;
+  const int q0 = qt * tile;
+  auto&& st = ex.template state<lane_state<D>>();  // the host's array, or the GPU thread's registers
+
+  // Each lane's q fragments straight from global memory (rows past seq are zeros), and the
+  // statistics' starting values.
+  ex.warps([&](int w) {
+    detail::lanes(ex, [&](int lane) {
+      lane_state<D>& s = st.at(w, lane);
+      const int g = lane / 4, t = lane % 4;
+      for (int half = 0; half < 2; ++half) {
+        const int i = q0 + 16 * w + g + 8 * half;
+        const float* row = i < p.seq ? p.qkv + p.qkv_at(i, bh, 0) : nullptr;
+        for (int k = 0; k < ksteps; ++k)
+          for (int hi = 0; hi < 2; ++hi) {  // columns 2t (registers 0, 1) and 2t + 8 (2, 3)
+            const int c = 16 * k + 2 * t + 8 * hi;
+            s.q[k].r[2 * hi + half] = row ? detail::pack(row[c], row[c + 1]) : 0u;
+          }
+        s.m[half] = -INFINITY;
+        s.l[half] = 0.0f;
+      }
+      for (int n = 0; n < dtiles; ++n)
+        for (int e = 0; e < 4; ++e) s.o[n].v[e] = 0.0f;
+    });
+  });
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * tile;
+    // K's rows as they are and V's transposed, rounded to bf16; zeros past seq.
+    ex.each([&](int th) {
+      constexpr int per_row = D / 4, n = tile * per_row / threads;
+      static_assert(tile * per_row % threads == 0, "every thread moves the same number of quads");
+      flash::detail::quad kq[n], vq[n];
+      for (int it = 0; it < n; ++it) {
+        const int idx = it * threads + th, i = k0 + idx / per_row, c = 4 * (idx % per_row);
+        kq[it] = i < p.seq ? flash::detail::load_quad(p.qkv + p.qkv_at(i, bh, 1) + c) : flash::detail::quad{};
+        vq[it] = i < p.seq ? flash::detail::load_quad(p.qkv + p.qkv_at(i, bh, 2) + c) : flash::detail::quad{};
+      }
+      for (int it = 0; it < n; ++it) {
+        const int idx = it * threads + th, r = idx / per_row, c = 4 * (idx % per_row);
+        for (int e = 0; e < 4; ++e) {
+          ks[r * L::ldk + c + e] = detail::bf16_bits(kq[it].v[e]);
+          vt[(c + e) * L::ldv + r] = detail::bf16_bits(vq[it].v[e]);
+        }
+      }
+    });
+    ex.sync();
+    ex.warps([&](int w) {
+      // S = q k^T: B's column n is key 8j + g, its k the head dimension, so a lane's pairs are
+      // adjacent in K's row.
+      detail::lanes(ex, [&](int lane) {
+        for (int j = 0; j < ntiles; ++j)
+          for (int e = 0; e < 4; ++e) st.at(w, lane).s[j].v[e] = 0.0f;
+      });
+      for (int k = 0; k < ksteps; ++k)
+        for (int j = 0; j < ntiles; ++j)
+          detail::mma(
+              ex, [&](int lane) -> frag_c& { return st.at(w, lane).s[j]; },
+              [&](int lane) -> const frag_a& { return st.at(w, lane).q[k]; },
+              [&](int lane) {
+                const int g = lane / 4, t = lane % 4;
+                const std::uint16_t* row = ks + (8 * j + g) * L::ldk + 16 * k + 2 * t;
+                return frag_b{{detail::load_pair(row), detail::load_pair(row + 8)}};
+              });
+      // Scale and mask; each lane's maximum of its columns of rows g and g + 8.
+      detail::lanes(ex, [&](int lane) {
+        lane_state<D>& s = st.at(w, lane);
+        const int g = lane / 4, t = lane % 4;
+        for (int half = 0; half < 2; ++half) {
+          const int i = q0 + 16 * w + g + 8 * half;
+          float mx = -INFINITY;
+          for (int j = 0; j < ntiles; ++j)
+            for (int e = 0; e < 2; ++e) {
+              const int key = k0 + 8 * j + 2 * t + e;
+              float& x = s.s[j].v[2 * half + e];
+              x = key <= i && key < p.seq ? x * p.scale : -INFINITY;
+              mx = x > mx ? x : mx;
+            }
+          s.part[half] = mx;
+        }
+      });
+      for (int half = 0; half < 2; ++half) detail::quad_max(ex, [&](int lane) -> float& { return st.at(w, lane).part[half]; });
+      // The online softmax on the fragments: new maxima, P = exp(S - m), o and l rescaled.
+      detail::lanes(ex, [&](int lane) {
+        lane_state<D>& s = st.at(w, lane);
+        for (int half = 0; half < 2; ++half) {
+          const float m_new = s.m[half] > s.part[half] ? s.m[half] : s.part[half];
+          // A row with nothing unmasked yet keeps P = 0, not exp(-inf + inf).
+          const float alpha = m_new == -INFINITY ? 1.0f : detail::exp_(s.m[half] - m_new);
+          float sum = 0.0f;
+          for (int j = 0; j < ntiles; ++j)
+            for (int e = 0; e < 2; ++e) {
+              float& x = s.s[j].v[2 * half + e];
+              x = m_new == -INFINITY ? 0.0f : detail::exp_(x - m_new);
+              sum += x;
+            }
+          s.l[half] = s.l[half] * alpha + sum;
+          s.m[half] = m_new;
+          for (int n = 0; n < dtiles; ++n)
+            for (int e = 0; e < 2; ++e) s.o[n].v[2 * half + e] *= alpha;
+        }
+      });
+      // o += P v, k-step k over keys 16k..16k+15: P's A fragment is the C fragments of key
+      // n-tiles 2k and 2k + 1; B's column n is dimension 8n + g, its k the key, adjacent in V^T.
+      for (int k = 0; k < tile / 16; ++k)
+        for (int n = 0; n < dtiles; ++n)
+          detail::mma(
+              ex, [&](int lane) -> frag_c& { return st.at(w, lane).o[n]; },
+              [&](int lane) {
+                const frag_c* s = st.at(w, lane).s;
+                return frag_a{{detail::pack(s[2 * k].v[0], s[2 * k].v[1]), detail::pack(s[2 * k].v[2], s[2 * k].v[3]),
+                               detail::pack(s[2 * k + 1].v[0], s[2 * k + 1].v[1]),
+                               detail::pack(s[2 * k + 1].v[2], s[2 * k + 1].v[3])}};
+              },
+              [&](int lane) {
+                const int g = lane / 4, t = lane % 4;
+                const std::uint16_t* row = vt + (8 * n + g) * L::ldv + 16 * k + 2 * t;
+                return frag_b{{detail::load_pair(row), detail::load_pair(row + 8)}};
+              });
+    });
+    ex.sync();  // the next tile's loads overwrite K and V
+  }
+
+  // Each row's sum over its 4 lanes, then out = o / l and lse = m + log l (rows below seq).
+  ex.warps([&](int w) {
+    detail::lanes(ex, [&](int lane) {
+      for (int half = 0; half < 2; ++half) st.at(w, lane).part[half] = st.at(w, lane).l[half];
+    });
+    for (int half = 0; half < 2; ++half) detail::quad_sum(ex, [&](int lane) -> float& { return st.at(w, lane).part[half]; });
+    detail::lanes(ex, [&](int lane) {
+      const lane_state<D>& s = st.at(w, lane);
+      const int g = lane / 4, t = lane % 4;
+      for (int half = 0; half < 2; ++half) {
+        const int i = q0 + 16 * w + g + 8 * half;
+        if (i >= p.seq) continue;
+        const float l = s.part[half];
+        float* row = p.out + p.out_at(i, bh);
+        for (int n = 0; n < dtiles; ++n)
+          for (int e = 0; e < 2; ++e) row[8 * n + 2 * t + e] = s.o[n].v[2 * half + e] / l;
+        if (t == 0) p.lse[p.row_at(i, bh)] = s.m[half] + detail::log_(l);
+      }
+    });
+  });
+}
+
+//! A block's execution on the host: threads and lanes one after another, and the warp-collective
+//! operations on the fragments' documented layouts (PTX ISA, mma.m16n8k16 with .bf16).
+struct host_exec {
+  //! Per-lane storage of the block's 128 lanes (on the GPU: the thread's registers).
+  template <class T>
+  struct lanes_of {
+    T values[threads];
+    // Host-device only so that forward_block's lambdas (host-device under nvcc) may call it.
+    TRIDENT_HOST_DEVICE T& at(int w, int lane) { return values[32 * w + lane]; }
+  };
+  template <class T>
+  lanes_of<T>& state() {
+    // One block at a time on the host, so one state per T, kept between blocks.
+    static thread_local std::vector<lanes_of<T>> store(1);
+    return store[0];
+  }
+
+  template <class F>
+  void each(F&& f) const {
+    for (int t = 0; t < threads; ++t) f(t);
+  }
+  template <class F>
+  void warps(F&& f) const {
+    for (int w = 0; w < flash::warps; ++w) f(w);
+  }
+  template <class G>
+  void lanes(G&& g) const {
+    for (int lane = 0; lane < 32; ++lane) g(lane);
+  }
+  void sync() const noexcept {}
+
+  static float unpack(std::uint16_t bits) { return static_cast<float>(bf16::from_bits(bits)); }
+
+  //! D = A B + C over one warp: c(lane), a(lane), b(lane) give each lane's fragments. Products
+  //! of bf16 values are exact in float; each element's sum runs over k in order.
+  template <class C, class A, class B>
+  void mma(C&& c, A&& a, B&& b) const {
+    float am[16][16], bm[16][8], cm[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      const frag_a fa = a(lane);
+      const frag_b fb = b(lane);
+      const frag_c& fc = c(lane);
+      for (int hi = 0; hi < 2; ++hi)      // columns 2t (registers 0, 1) or 2t + 8 (2, 3)
+        for (int half = 0; half < 2; ++half) {  // rows g (registers 0, 2) or g + 8 (1, 3)
+          const std::uint32_t r = fa.r[2 * hi + half];
+          am[g + 8 * half][2 * t + 8 * hi] = unpack(detail::lo16(r));
+          am[g + 8 * half][2 * t + 8 * hi + 1] = unpack(detail::hi16(r));
+        }
+      for (int hi = 0; hi < 2; ++hi) {
+        bm[2 * t + 8 * hi][g] = unpack(detail::lo16(fb.r[hi]));
+        bm[2 * t + 8 * hi + 1][g] = unpack(detail::hi16(fb.r[hi]));
+      }
+      for (int e = 0; e < 4; ++e) cm[g + 8 * (e / 2)][2 * t + e % 2] = fc.v[e];
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      frag_c& fc = c(lane);
+      for (int e = 0; e < 4; ++e) {
+        const int i = g + 8 * (e / 2), j = 2 * t + e % 2;
+        float sum = 0.0f;
+        for (int k = 0; k < 16; ++k) sum += am[i][k] * bm[k][j];
+        fc.v[e] = cm[i][j] + sum;
+      }
+    }
+  }
+  //! f(lane) = the maximum (sum) over the 4 lanes of its quad, combined as shfl_xor 1 then 2 does.
+  template <class F>
+  void quad_max(F&& f) const {
+    quad(f, [](float x, float y) { return y > x ? y : x; });
+  }
+  template <class F>
+  void quad_sum(F&& f) const {
+    quad(f, [](float x, float y) { return x + y; });
+  }
+
+ private:
+  template <class F, class Op>
+  static void quad(F& f, Op op) {
+    for (int q = 0; q < 32; q += 4) {
+      float v[4], u[4];
+      for (int i = 0; i < 4; ++i) v[i] = f(q + i);
+      for (int i = 0; i < 4; ++i) u[i] = op(v[i], v[i ^ 1]);
+      for (int i = 0; i < 4; ++i) f(q + i) = op(u[i], u[i ^ 2]);
+    }
+  }
+};
+
+namespace detail {
+template <int D>
+void emulate_forward(const problem& p) {
+  std::vector<std::uint16_t> smem(layout<D>::forward_bytes / 2);
+  host_exec ex;
+  for (int bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int qt = 0; qt * tile < p.seq; ++qt) forward_block<D>(ex, p, smem.data(), qt, bh);
+}
+}  // namespace detail
+
+//! The whole grid on the host, block after block: out and lse [batch, heads, seq] from qkv, with
+//! the GPU's bf16 roundings. For tests of the tiles and of the GPU's results.
+inline void emulate_forward(const causal_attention& shape, std::span<const float> qkv, std::span<float> out,
+                            std::span<float> lse) {
+  const problem p = flash::forward_problem("flash_bf16::emulate_forward", shape, qkv, out, lse);
+  shape.head_dim == 32 ? detail::emulate_forward<32>(p) : detail::emulate_forward<64>(p);
+}
+
+}  // namespace trident::nn::flash_bf16
