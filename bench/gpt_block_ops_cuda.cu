@@ -154,12 +154,16 @@ int main(int argc, char** argv) {
              fa.backward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle(), dy.device_handle(),
                          delta.device_handle(), dqkv.device_handle());
            }, reps), 0, 5 * causal);
-      // The bf16 tiles with the scores in registers (forward only so far), on the same inputs.
+      // The bf16 tiles with the scores in registers, on the same inputs.
       const nn::cuda::flash_attention_bf16 fb{.seq = seq, .batch = batch, .heads = heads, .head_dim = h / heads};
       std::printf(" flash attention, bf16 tiles with the scores in registers (mma.sync)\n");
       line("flash attention bf16 forward", time_ms([&] {
              fb.forward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle());
            }, reps), 0, 2 * causal);
+      line("flash attention bf16 backward", time_ms([&] {
+             fb.backward(nullptr, qkv.device_handle(), attn.device_handle(), lse.device_handle(), dy.device_handle(),
+                         delta.device_handle(), dqkv.device_handle());
+           }, reps), 0, 5 * causal);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_block_ops_cuda: %s\n", e.what());

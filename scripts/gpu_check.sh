@@ -180,7 +180,7 @@ done
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash
 # ... and one of its blocks' operations, each timed alone
 # (the unfused attention's backward against the flash attention's forward and backward)
-[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)' | tail -4" -- \
+[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)' | tail -5" -- \
   "$build/bench/gpt_block_ops_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"

@@ -445,7 +445,7 @@ TEST_CASE("cuda::flash_attention: the host emulation of its tiles (TF32 operands
                        doctest::Contains("lse has 3 elements, expected [batch=1, heads=1, seq=8] = 8"), trident::usage_error);
 }
 
-TEST_CASE("cuda::flash_attention_bf16: the host emulation of its warps (bf16 fragments), and the exact attention to bf16's rounding") {
+TEST_CASE("cuda::flash_attention_bf16: the host emulation of its warps (bf16 fragments), and the exact attention to bf16's rounding, both directions") {
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   const auto normwise = [](const std::vector<float>& got, const std::vector<float>& want) {
@@ -463,13 +463,14 @@ TEST_CASE("cuda::flash_attention_bf16: the host emulation of its warps (bf16 fra
     INFO("seq ", c.seq, " batch ", c.batch, " heads ", c.heads, " head_dim ", c.head_dim);
     const nn::causal_attention host{.seq = c.seq, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim};
     const nn::cuda::flash_attention_bf16 dev{.seq = c.seq, .batch = c.batch, .heads = c.heads, .head_dim = c.head_dim};
-    const auto qkv = random_vector(host.qkv_size(), 63, -2.0f, 2.0f);
-    std::vector<float> out(host.out_size()), probs(host.probs_size());
+    const auto qkv = random_vector(host.qkv_size(), 63, -2.0f, 2.0f), dout = random_vector(host.out_size(), 64);
+    std::vector<float> out(host.out_size()), probs(host.probs_size()), dqkv(host.qkv_size());
     host.forward(qkv, out, probs);
-    std::vector<float> e_out(host.out_size()), e_lse(dev.lse_size());
+    host.backward(qkv, probs, dout, dqkv);
+    std::vector<float> e_out(host.out_size()), e_lse(dev.lse_size()), e_delta(dev.lse_size()), e_dqkv(host.qkv_size());
     nn::flash_bf16::emulate_forward(host, qkv, e_out, e_lse);
-    auto d_qkv = to_device(qkv);
-    buffer<float, cuda_space> d_out(host.out_size()), d_lse(dev.lse_size());
+    auto d_qkv = to_device(qkv), d_dout = to_device(dout);
+    buffer<float, cuda_space> d_out(host.out_size()), d_lse(dev.lse_size()), d_delta(dev.lse_size()), d_dqkv(host.qkv_size());
     if (major < 8) {
       CHECK_THROWS_WITH_AS(dev.forward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle()),
                            doctest::Contains("needs bf16 tensor cores"), trident::usage_error);
@@ -486,6 +487,20 @@ TEST_CASE("cuda::flash_attention_bf16: the host emulation of its warps (bf16 fra
     CHECK(normwise(g_lse, e_lse) <= 1e-4);
     // Against the exact attention of the float inputs: bf16's rounding of q, k, v and P.
     CHECK(normwise(g_out, out) <= 3e-2);
+
+    // Backward from the GPU's own out and lse, against the emulation from the same ones.
+    nn::flash_bf16::emulate_backward(host, qkv, g_out, g_lse, dout, e_delta, e_dqkv);
+    dev.backward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle(), d_dout.device_handle(),
+                 d_delta.device_handle(), d_dqkv.device_handle());
+    const auto g_dqkv = trident::to_vector(d_dqkv);
+    MESSAGE("flash bf16 seq ", c.seq, " head_dim ", c.head_dim, ": dqkv from the emulation ", normwise(g_dqkv, e_dqkv),
+            ", from exact ", normwise(g_dqkv, dqkv));
+    CHECK(normwise(g_dqkv, e_dqkv) <= 4e-3);
+    CHECK(normwise(g_dqkv, dqkv) <= 5e-2);
+    buffer<float, cuda_space> again(host.qkv_size());  // deterministic: no atomics
+    dev.backward(0, d_qkv.device_handle(), d_out.device_handle(), d_lse.device_handle(), d_dout.device_handle(),
+                 d_delta.device_handle(), again.device_handle());
+    CHECK(trident::to_vector(again) == g_dqkv);
   }
 }
 

@@ -1,14 +1,17 @@
-// trident/nn/flash_bf16.hpp — causal attention's forward with the scores in registers: bf16
-// tensor-core tiles (the GPU's mma.sync m16n8k16), written once for a GPU warp and for a host
-// emulation of its 32 lanes.
+// trident/nn/flash_bf16.hpp — causal attention with the scores in registers: bf16 tensor-core
+// tiles (the GPU's mma.sync m16n8k16), written once for a GPU warp and for a host emulation of
+// its 32 lanes.
 //
 // Synopsis (namespace trident::nn::flash_bf16)
 //   struct frag_a, frag_b, frag_c         a lane's share of a [16, 16] bf16 A, a [16, 8] bf16 B,
 //                                         a [16, 8] float C (PTX's documented fragment layouts)
-//   template <int D> struct layout        a block's shared memory: K [64, D] and V^T [D, 64] in bf16
+//   template <int D> struct layout        a block's shared memory, bf16 tiles as rows and transposed
 //   struct host_exec                      a block's 128 lanes, one after another, on the host
 //   template <int D, class Exec> void forward_block(ex, p, smem, qt, bh)
+//   template <int D, class Exec> void backward_kv_block(ex, p, smem, kt, bh)   dk, dv of key tile kt
+//   template <int D, class Exec> void backward_q_block(ex, p, smem, qt, bh)    dq of query tile qt
 //   void emulate_forward(shape, qkv, out, lse)   every block of the grid on the host, for tests
+//   void emulate_backward(shape, qkv, out, lse, dout, delta, dqkv)
 //
 // nn::flash's problem and contract (nn/flash_attention.hpp: qkv [seq, batch, heads, 3, head_dim]
 // in, out [seq, batch, heads, head_dim] and lse [batch, heads, seq] out), and its algorithm
@@ -24,10 +27,18 @@
 // Only K and V go through shared memory, once per key tile, as bf16 (V transposed, so that B's
 // pairs are adjacent). FlashAttention-2's own kernels work this way.
 //
-// Numerics: q, k, v and P are rounded to bf16 (round to nearest even) before their products,
-// which are exact in float; sums are in float; the row sums l add P before its rounding. So out
-// is the attention of the bf16-rounded q, k, v within P's rounding (about 2^-9 relative per
-// term), and lse is the log-sum-exp of the bf16 scores within float rounding.
+// Backward is nn::flash's two deterministic passes with the same registers-first design: per key
+// tile, each warp holds 16 keys' k and v as A fragments and computes S^T = k q^T and dP^T =
+// v dout^T for each query tile, then dv += P^T dout and dk += dS^T q from those C fragments (q
+// and dout go through shared memory both as rows and transposed); per query tile, S = q k^T and
+// dP = dout v^T, then dq += dS k. P = exp(S scale - lse) as forward saved it, dS = P (dP -
+// delta) scale, delta = rowsum(dout * out) (flash::delta_rows).
+//
+// Numerics: q, k, v, dout, P and dS are rounded to bf16 (round to nearest even) before their
+// products, which are exact in float; sums are in float; the row sums l add P before its
+// rounding. So out is the attention of the bf16-rounded q, k, v within P's rounding (about
+// 2^-9 relative per term), lse is the log-sum-exp of the bf16 scores within float rounding, and
+// dqkv is the exact gradient of the rounded inputs within P's and dS's rounding.
 //
 // How it is written. As nn::flash: phases on a block's threads (`ex.each`), block barriers
 // (`ex.sync`), and warp programs (`ex.warps`) whose lane code runs in `ex.lanes`. A lane's state
@@ -84,6 +95,9 @@ struct layout {
   static constexpr std::size_t k_elems = static_cast<std::size_t>(tile) * ldk;
   static constexpr std::size_t v_elems = static_cast<std::size_t>(D) * ldv;
   static constexpr std::size_t forward_bytes = 2 * (k_elems + v_elems);
+  // dk, dv: q and dout as rows and transposed, and lse and delta of 64 rows; dq: k (rows and
+  // transposed) and v's rows, within the same bytes.
+  static constexpr std::size_t backward_bytes = 2 * (2 * k_elems + 2 * v_elems) + 2 * tile * sizeof(float);
 };
 
 //! A lane's state across a forward block's barriers.
@@ -142,6 +156,78 @@ TRIDENT_HOST_DEVICE void quad_sum(Exec& ex, F&& f) {
 TRIDENT_HOST_DEVICE inline float exp_(float x) { return flash::detail::exp_(x); }
 TRIDENT_HOST_DEVICE inline float log_(float x) { return flash::detail::log_(x); }
 
+// Rows [row0, row0 + 64) of two tensors, row i at src_a(i) and src_b(i) (zeros past seq), rounded
+// to bf16 into shared memory: as rows [64, ldk] into a (b) and transposed [D, ldv] into a_t
+// (b_t); null destinations are skipped. Each thread issues its loads before its stores.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec, class SrcA, class SrcB>
+TRIDENT_HOST_DEVICE void load_tiles(Exec& ex, const problem& p, int row0, SrcA src_a, std::uint16_t* a, std::uint16_t* a_t,
+                                    SrcB src_b, std::uint16_t* b, std::uint16_t* b_t) {
+  using L = layout<D>;
+  ex.each([&](int th) {
+    constexpr int per_row = D / 4, n = tile * per_row / threads;
+    static_assert(tile * per_row % threads == 0, "every thread moves the same number of quads");
+    flash::detail::quad qa[n], qb[n];
+    for (int it = 0; it < n; ++it) {
+      const int idx = it * threads + th, i = row0 + idx / per_row, c = 4 * (idx % per_row);
+      qa[it] = i < p.seq ? flash::detail::load_quad(src_a(i) + c) : flash::detail::quad{};
+      qb[it] = i < p.seq ? flash::detail::load_quad(src_b(i) + c) : flash::detail::quad{};
+    }
+    for (int it = 0; it < n; ++it) {
+      const int idx = it * threads + th, r = idx / per_row, c = 4 * (idx % per_row);
+      for (int e = 0; e < 4; ++e) {
+        const std::uint16_t x = bf16_bits(qa[it].v[e]), y = bf16_bits(qb[it].v[e]);
+        if (a) a[r * L::ldk + c + e] = x;
+        if (a_t) a_t[(c + e) * L::ldv + r] = x;
+        if (b) b[r * L::ldk + c + e] = y;
+        if (b_t) b_t[(c + e) * L::ldv + r] = y;
+      }
+    }
+  });
+}
+
+// A lane's B fragment of columns n0..n0+7 and k-step k0..k0+15 from a shared tile whose row n
+// holds B's column n along k (K's rows for q k^T, V^T's rows for P v).
+TRIDENT_HOST_DEVICE inline frag_b b_from(const std::uint16_t* tile_rows, int ld, int n0, int k0, int lane) {
+  const std::uint16_t* row = tile_rows + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
+  return frag_b{{load_pair(row), load_pair(row + 8)}};
+}
+// A lane's A fragment of k-step k (columns 16k..16k+15) from C fragments c[2k], c[2k + 1] (the
+// same rows, columns 8 apart), rounded to bf16: P or dS feeding the next product.
+TRIDENT_HOST_DEVICE inline frag_a a_from(const frag_c* c, int k) {
+  const frag_c& x = c[2 * k];
+  const frag_c& y = c[2 * k + 1];
+  return frag_a{{pack(x.v[0], x.v[1]), pack(x.v[2], x.v[3]), pack(y.v[0], y.v[1]), pack(y.v[2], y.v[3])}};
+}
+// A lane's A fragments of 16 rows [row0, row0 + 16) of a float tensor (row i at src(i), zeros
+// past seq), over all D columns.
+template <int D, class Src>
+TRIDENT_HOST_DEVICE void a_rows(frag_a (&a)[D / 16], const problem& p, int row0, Src src, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  for (int half = 0; half < 2; ++half) {
+    const int i = row0 + g + 8 * half;
+    const float* row = i < p.seq ? src(i) : nullptr;
+    for (int k = 0; k < D / 16; ++k)
+      for (int hi = 0; hi < 2; ++hi) {  // columns 2t (registers 0, 1) and 2t + 8 (2, 3)
+        const int c = 16 * k + 2 * t + 8 * hi;
+        a[k].r[2 * hi + half] = row ? pack(row[c], row[c + 1]) : 0u;
+      }
+  }
+}
+// C fragments' rows [row0, row0 + 16) times `factor` into a float tensor (row i at dst(i)),
+// rows below seq only.
+template <int D, class Dst>
+TRIDENT_HOST_DEVICE void store_rows(const frag_c (&c)[D / 8], const problem& p, int row0, Dst dst, float factor, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  for (int half = 0; half < 2; ++half) {
+    const int i = row0 + g + 8 * half;
+    if (i >= p.seq) continue;
+    float* row = dst(i);
+    for (int n = 0; n < D / 8; ++n)
+      for (int e = 0; e < 2; ++e) row[8 * n + 2 * t + e] = c[n].v[2 * half + e] * factor;
+  }
+}
+
 }  // namespace detail
 
 //! Forward for query tile qt of (batch x head) bh: out's rows and lse; smem holds
@@ -161,15 +247,8 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
   ex.warps([&](int w) {
     detail::lanes(ex, [&](int lane) {
       lane_state<D>& s = st.at(w, lane);
-      const int g = lane / 4, t = lane % 4;
+      detail::a_rows<D>(s.q, p, q0 + 16 * w, [&](int i) { return p.qkv + p.qkv_at(i, bh, 0); }, lane);
       for (int half = 0; half < 2; ++half) {
-        const int i = q0 + 16 * w + g + 8 * half;
-        const float* row = i < p.seq ? p.qkv + p.qkv_at(i, bh, 0) : nullptr;
-        for (int k = 0; k < ksteps; ++k)
-          for (int hi = 0; hi < 2; ++hi) {  // columns 2t (registers 0, 1) and 2t + 8 (2, 3)
-            const int c = 16 * k + 2 * t + 8 * hi;
-            s.q[k].r[2 * hi + half] = row ? detail::pack(row[c], row[c + 1]) : 0u;
-          }
         s.m[half] = -INFINITY;
         s.l[half] = 0.0f;
       }
@@ -181,23 +260,9 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * tile;
     // K's rows as they are and V's transposed, rounded to bf16; zeros past seq.
-    ex.each([&](int th) {
-      constexpr int per_row = D / 4, n = tile * per_row / threads;
-      static_assert(tile * per_row % threads == 0, "every thread moves the same number of quads");
-      flash::detail::quad kq[n], vq[n];
-      for (int it = 0; it < n; ++it) {
-        const int idx = it * threads + th, i = k0 + idx / per_row, c = 4 * (idx % per_row);
-        kq[it] = i < p.seq ? flash::detail::load_quad(p.qkv + p.qkv_at(i, bh, 1) + c) : flash::detail::quad{};
-        vq[it] = i < p.seq ? flash::detail::load_quad(p.qkv + p.qkv_at(i, bh, 2) + c) : flash::detail::quad{};
-      }
-      for (int it = 0; it < n; ++it) {
-        const int idx = it * threads + th, r = idx / per_row, c = 4 * (idx % per_row);
-        for (int e = 0; e < 4; ++e) {
-          ks[r * L::ldk + c + e] = detail::bf16_bits(kq[it].v[e]);
-          vt[(c + e) * L::ldv + r] = detail::bf16_bits(vq[it].v[e]);
-        }
-      }
-    });
+    detail::load_tiles<D>(
+        ex, p, k0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, ks, nullptr,
+        [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); }, nullptr, vt);
     ex.sync();
     ex.warps([&](int w) {
       // S = q k^T: B's column n is key 8j + g, its k the head dimension, so a lane's pairs are
@@ -211,11 +276,7 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
           detail::mma(
               ex, [&](int lane) -> frag_c& { return st.at(w, lane).s[j]; },
               [&](int lane) -> const frag_a& { return st.at(w, lane).q[k]; },
-              [&](int lane) {
-                const int g = lane / 4, t = lane % 4;
-                const std::uint16_t* row = ks + (8 * j + g) * L::ldk + 16 * k + 2 * t;
-                return frag_b{{detail::load_pair(row), detail::load_pair(row + 8)}};
-              });
+              [&](int lane) { return detail::b_from(ks, L::ldk, 8 * j, 16 * k, lane); });
       // Scale and mask; each lane's maximum of its columns of rows g and g + 8.
       detail::lanes(ex, [&](int lane) {
         lane_state<D>& s = st.at(w, lane);
@@ -260,17 +321,8 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
         for (int n = 0; n < dtiles; ++n)
           detail::mma(
               ex, [&](int lane) -> frag_c& { return st.at(w, lane).o[n]; },
-              [&](int lane) {
-                const frag_c* s = st.at(w, lane).s;
-                return frag_a{{detail::pack(s[2 * k].v[0], s[2 * k].v[1]), detail::pack(s[2 * k].v[2], s[2 * k].v[3]),
-                               detail::pack(s[2 * k + 1].v[0], s[2 * k + 1].v[1]),
-                               detail::pack(s[2 * k + 1].v[2], s[2 * k + 1].v[3])}};
-              },
-              [&](int lane) {
-                const int g = lane / 4, t = lane % 4;
-                const std::uint16_t* row = vt + (8 * n + g) * L::ldv + 16 * k + 2 * t;
-                return frag_b{{detail::load_pair(row), detail::load_pair(row + 8)}};
-              });
+              [&](int lane) { return detail::a_from(st.at(w, lane).s, k); },
+              [&](int lane) { return detail::b_from(vt, L::ldv, 8 * n, 16 * k, lane); });
     });
     ex.sync();  // the next tile's loads overwrite K and V
   }
@@ -293,6 +345,196 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
           for (int e = 0; e < 2; ++e) row[8 * n + 2 * t + e] = s.o[n].v[2 * half + e] / l;
         if (t == 0) p.lse[p.row_at(i, bh)] = s.m[half] + detail::log_(l);
       }
+    });
+  });
+}
+
+//! A lane's state across a backward block's barriers: the warp's 16 rows of two operands held
+//! as A fragments (k and v for dk, dv; q and dout for dq), two [16, 64] products of the current
+//! tile (S then P, dP then dS) and its accumulated gradients.
+template <int D>
+struct backward_state {
+  frag_a x[D / 16], y[D / 16];
+  frag_c s[tile / 8], dp[tile / 8];
+  frag_c g1[D / 8], g2[D / 8];  // dk and dv, or dq
+  float lse[2], delta[2];       // the rows' own, for the dq pass
+};
+
+namespace detail {
+
+// The products the backward passes share. With x, y this warp's 16 rows (as A fragments) and
+// `a`, `b` shared tiles of 64 rows (row-major, ldk: B's column n is row n): s = x a^T and dp = y b^T.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec, class St>
+TRIDENT_HOST_DEVICE void two_products(Exec& ex, St& st, int w, const std::uint16_t* a, const std::uint16_t* b) {
+  using L = layout<D>;
+  lanes(ex, [&](int lane) {
+    for (int j = 0; j < tile / 8; ++j)
+      for (int e = 0; e < 4; ++e) st.at(w, lane).s[j].v[e] = st.at(w, lane).dp[j].v[e] = 0.0f;
+  });
+  for (int k = 0; k < D / 16; ++k)
+    for (int j = 0; j < tile / 8; ++j) {
+      mma(
+          ex, [&](int lane) -> frag_c& { return st.at(w, lane).s[j]; },
+          [&](int lane) -> const frag_a& { return st.at(w, lane).x[k]; },
+          [&](int lane) { return b_from(a, L::ldk, 8 * j, 16 * k, lane); });
+      mma(
+          ex, [&](int lane) -> frag_c& { return st.at(w, lane).dp[j]; },
+          [&](int lane) -> const frag_a& { return st.at(w, lane).y[k]; },
+          [&](int lane) { return b_from(b, L::ldk, 8 * j, 16 * k, lane); });
+    }
+}
+// acc[n] += A B over the tile's 64 columns: A's k-steps from the C fragments c (P or dS), B from
+// a transposed shared tile [D, ldv] (row n: B's column n along the tile's rows).
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec, class Acc, class C>
+TRIDENT_HOST_DEVICE void accumulate(Exec& ex, Acc&& acc, C&& c, const std::uint16_t* bt) {
+  using L = layout<D>;
+  for (int k = 0; k < tile / 16; ++k)
+    for (int n = 0; n < D / 8; ++n)
+      mma(
+          ex, [&](int lane) -> frag_c& { return acc(lane)[n]; }, [&](int lane) { return a_from(c(lane), k); },
+          [&](int lane) { return b_from(bt, L::ldv, 8 * n, 16 * k, lane); });
+}
+
+}  // namespace detail
+
+//! dk and dv of key tile kt of (batch x head) bh, over the query tiles at or below the diagonal
+//! (warp w owns keys 16w..16w+15 of the tile: S^T = k q^T, dP^T = v dout^T, then dv += P^T dout,
+//! dk += dS^T q); delta holds rowsum(dout * out) (flash::delta_rows); smem holds
+//! layout<D>::backward_bytes.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, std::uint16_t* smem, int kt, int bh) {
+  using L = layout<D>;
+  constexpr int ntiles = tile / 8, dtiles = D / 8;
+  std::uint16_t* q = smem;
+  std::uint16_t* q_t = q + L::k_elems;
+  std::uint16_t* g = q_t + L::v_elems;  // dout
+  std::uint16_t* g_t = g + L::k_elems;
+  float* lse = reinterpret_cast<float*>(g_t + L::v_elems);
+  float* delta = lse + tile;
+  const int k0 = kt * tile;
+  auto&& st = ex.template state<backward_state<D>>();
+  ex.warps([&](int w) {
+    detail::lanes(ex, [&](int lane) {
+      backward_state<D>& s = st.at(w, lane);
+      detail::a_rows<D>(s.x, p, k0 + 16 * w, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, lane);
+      detail::a_rows<D>(s.y, p, k0 + 16 * w, [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); }, lane);
+      for (int n = 0; n < dtiles; ++n)
+        for (int e = 0; e < 4; ++e) s.g1[n].v[e] = s.g2[n].v[e] = 0.0f;
+    });
+  });
+  for (int qt = kt; qt * tile < p.seq; ++qt) {
+    const int q0 = qt * tile;
+    detail::load_tiles<D>(
+        ex, p, q0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 0); }, q, q_t, [&](int i) { return p.dout + p.out_at(i, bh); },
+        g, g_t);
+    ex.each([&](int th) {
+      if (th < tile) {
+        const int i = q0 + th;
+        lse[th] = i < p.seq ? p.saved_lse[p.row_at(i, bh)] : 0.0f;
+        delta[th] = i < p.seq ? p.delta[p.row_at(i, bh)] : 0.0f;
+      }
+    });
+    ex.sync();
+    ex.warps([&](int w) {
+      detail::two_products<D>(ex, st, w, q, g);  // S^T = k q^T, dP^T = v dout^T
+      // P^T = exp(S^T scale - lse[query]) where key <= query < seq, else 0; dS^T = P^T (dP^T -
+      // delta[query]) scale.
+      detail::lanes(ex, [&](int lane) {
+        backward_state<D>& s = st.at(w, lane);
+        const int gr = lane / 4, t = lane % 4;
+        for (int half = 0; half < 2; ++half) {
+          const int key = k0 + 16 * w + gr + 8 * half;
+          for (int j = 0; j < ntiles; ++j)
+            for (int e = 0; e < 2; ++e) {
+              const int c = 8 * j + 2 * t + e, query = q0 + c;
+              float& x = s.s[j].v[2 * half + e];
+              float& d = s.dp[j].v[2 * half + e];
+              const float pr = key <= query && query < p.seq ? detail::exp_(x * p.scale - lse[c]) : 0.0f;
+              x = pr;
+              d = pr * (d - delta[c]) * p.scale;
+            }
+        }
+      });
+      detail::accumulate<D>(
+          ex, [&](int lane) -> frag_c* { return st.at(w, lane).g2; }, [&](int lane) -> const frag_c* { return st.at(w, lane).s; },
+          g_t);  // dv += P^T dout
+      detail::accumulate<D>(
+          ex, [&](int lane) -> frag_c* { return st.at(w, lane).g1; }, [&](int lane) -> const frag_c* { return st.at(w, lane).dp; },
+          q_t);  // dk += dS^T q
+    });
+    ex.sync();  // the next query tile's loads overwrite these
+  }
+  ex.warps([&](int w) {
+    detail::lanes(ex, [&](int lane) {
+      const backward_state<D>& s = st.at(w, lane);
+      detail::store_rows<D>(s.g1, p, k0 + 16 * w, [&](int i) { return p.dqkv + p.qkv_at(i, bh, 1); }, 1.0f, lane);
+      detail::store_rows<D>(s.g2, p, k0 + 16 * w, [&](int i) { return p.dqkv + p.qkv_at(i, bh, 2); }, 1.0f, lane);
+    });
+  });
+}
+
+//! dq of query tile qt of (batch x head) bh over the key tiles up to the diagonal (warp w owns
+//! queries 16w..16w+15: S = q k^T, dP = dout v^T, then dq += dS k); smem holds
+//! layout<D>::backward_bytes.
+TRIDENT_EXEC_CHECK_DISABLE
+template <int D, class Exec>
+TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, std::uint16_t* smem, int qt, int bh) {
+  using L = layout<D>;
+  constexpr int ntiles = tile / 8, dtiles = D / 8;
+  std::uint16_t* k = smem;
+  std::uint16_t* k_t = k + L::k_elems;
+  std::uint16_t* v = k_t + L::v_elems;
+  const int q0 = qt * tile;
+  auto&& st = ex.template state<backward_state<D>>();
+  ex.warps([&](int w) {
+    detail::lanes(ex, [&](int lane) {
+      backward_state<D>& s = st.at(w, lane);
+      detail::a_rows<D>(s.x, p, q0 + 16 * w, [&](int i) { return p.qkv + p.qkv_at(i, bh, 0); }, lane);
+      detail::a_rows<D>(s.y, p, q0 + 16 * w, [&](int i) { return p.dout + p.out_at(i, bh); }, lane);
+      for (int half = 0; half < 2; ++half) {
+        const int i = q0 + 16 * w + lane / 4 + 8 * half;
+        s.lse[half] = i < p.seq ? p.saved_lse[p.row_at(i, bh)] : 0.0f;
+        s.delta[half] = i < p.seq ? p.delta[p.row_at(i, bh)] : 0.0f;
+      }
+      for (int n = 0; n < dtiles; ++n)
+        for (int e = 0; e < 4; ++e) s.g1[n].v[e] = 0.0f;
+    });
+  });
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * tile;
+    detail::load_tiles<D>(
+        ex, p, k0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, k, k_t, [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); },
+        v, nullptr);
+    ex.sync();
+    ex.warps([&](int w) {
+      detail::two_products<D>(ex, st, w, k, v);  // S = q k^T, dP = dout v^T
+      detail::lanes(ex, [&](int lane) {
+        backward_state<D>& s = st.at(w, lane);
+        const int gr = lane / 4, t = lane % 4;
+        for (int half = 0; half < 2; ++half) {
+          const int query = q0 + 16 * w + gr + 8 * half;
+          for (int j = 0; j < ntiles; ++j)
+            for (int e = 0; e < 2; ++e) {
+              const int key = k0 + 8 * j + 2 * t + e;
+              float& x = s.s[j].v[2 * half + e];
+              float& d = s.dp[j].v[2 * half + e];
+              const float pr = key <= query && query < p.seq ? detail::exp_(x * p.scale - s.lse[half]) : 0.0f;
+              d = pr * (d - s.delta[half]) * p.scale;
+            }
+        }
+      });
+      detail::accumulate<D>(
+          ex, [&](int lane) -> frag_c* { return st.at(w, lane).g1; }, [&](int lane) -> const frag_c* { return st.at(w, lane).dp; },
+          k_t);  // dq += dS k
+    });
+    ex.sync();
+  }
+  ex.warps([&](int w) {
+    detail::lanes(ex, [&](int lane) {
+      detail::store_rows<D>(st.at(w, lane).g1, p, q0 + 16 * w, [&](int i) { return p.dqkv + p.qkv_at(i, bh, 0); }, 1.0f, lane);
     });
   });
 }
@@ -393,6 +635,18 @@ void emulate_forward(const problem& p) {
   for (int bh = 0; bh < p.batch * p.heads; ++bh)
     for (int qt = 0; qt * tile < p.seq; ++qt) forward_block<D>(ex, p, smem.data(), qt, bh);
 }
+template <int D>
+void emulate_backward(const problem& p) {
+  std::vector<std::uint16_t> smem(layout<D>::backward_bytes / 2);
+  host_exec ex;
+  const std::size_t rows = static_cast<std::size_t>(p.batch) * p.heads * p.seq;
+  for (std::size_t r = 0; r < rows; r += threads) flash::delta_rows<D>(ex, p, r);
+  for (int bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int t = 0; t * tile < p.seq; ++t) {
+      backward_kv_block<D>(ex, p, smem.data(), t, bh);
+      backward_q_block<D>(ex, p, smem.data(), t, bh);
+    }
+}
 }  // namespace detail
 
 //! The whole grid on the host, block after block: out and lse [batch, heads, seq] from qkv, with
@@ -401,6 +655,15 @@ inline void emulate_forward(const causal_attention& shape, std::span<const float
                             std::span<float> lse) {
   const problem p = flash::forward_problem("flash_bf16::emulate_forward", shape, qkv, out, lse);
   shape.head_dim == 32 ? detail::emulate_forward<32>(p) : detail::emulate_forward<64>(p);
+}
+
+//! dqkv (overwritten) from forward's qkv, out and lse and from dout; delta is scratch of lse's
+//! size. The GPU's bf16 roundings: q, k, v, dout, P and dS before their products.
+inline void emulate_backward(const causal_attention& shape, std::span<const float> qkv, std::span<const float> out,
+                             std::span<const float> lse, std::span<const float> dout, std::span<float> delta,
+                             std::span<float> dqkv) {
+  const problem p = flash::backward_problem("flash_bf16::emulate_backward", shape, qkv, out, lse, dout, delta, dqkv);
+  shape.head_dim == 32 ? detail::emulate_backward<32>(p) : detail::emulate_backward<64>(p);
 }
 
 }  // namespace trident::nn::flash_bf16

@@ -1,11 +1,12 @@
-// trident/nn/cuda/flash_bf16.cuh — causal attention's forward on bf16 tensor cores with the
-// scores in registers: nn/flash_bf16.hpp's warp program run by GPU threads.
+// trident/nn/cuda/flash_bf16.cuh — causal attention on bf16 tensor cores with the scores in
+// registers: nn/flash_bf16.hpp's warp programs run by GPU threads.
 // trident-requires: nvcc
 //
 // Synopsis (namespace trident::nn::cuda)
 //   struct flash_attention_bf16 { std::size_t seq, batch, heads, head_dim;     head_dim 32 or 64
 //     std::size_t qkv_size() const, out_size() const, lse_size() const
-//     void forward(stream, qkv, out, lse) const                  out, and lse [batch, heads, seq] }
+//     void forward(stream, qkv, out, lse) const                  out, and lse [batch, heads, seq]
+//     void backward(stream, qkv, out, lse, dout, delta, dqkv) const   delta: scratch, lse_size() }
 //
 // nn::cuda::flash_attention's forward contract (float qkv in, float out and lse out), computed
 // as nn/flash_bf16.hpp says: q, k, v and P rounded to bf16, products on the tensor cores
@@ -13,12 +14,14 @@
 // statistics combined over its 4 lanes by __shfl_xor_sync. The algorithm and the fragment
 // bookkeeping are the header's, tested on the host (nn.host) against the exact attention of the
 // rounded inputs; this file adds only the device's side of the Exec: a thread's registers as the
-// lane state, the mma instruction, the shuffles, the barriers. Forward only so far: backward
-// (which the trainer needs before it can use this) is nn::cuda::flash_attention's, whose
-// products round to TF32, not bf16. Needs compute capability 8.0 or newer (bf16 mma.sync).
+// lane state, the mma instruction, the shuffles, the barriers. Backward in two deterministic
+// passes as nn::cuda::flash_attention's (dk and dv per key tile, dq per query tile), with dout, P
+// and dS rounded to bf16 too. Needs compute capability 8.0 or newer (bf16 mma.sync); 37 KiB of
+// shared memory per block at head_dim 64.
 //
 //   trident::nn::cuda::flash_attention_bf16 fa{.seq = 1024, .batch = 16, .heads = 12, .head_dim = 64};
 //   fa.forward(stream, qkv, out, lse);
+//   fa.backward(stream, qkv, out, lse, dout, delta, dqkv);
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -113,9 +116,29 @@ __global__ void __launch_bounds__(flash::threads) flash_bf16_forward_kernel(flas
                                static_cast<int>(blockIdx.y));
 }
 
+template <int D>
+__global__ void __launch_bounds__(flash::threads) flash_bf16_delta_kernel(flash::problem p) {
+  flash_bf16_device_exec ex;
+  flash::delta_rows<D>(ex, p, static_cast<std::size_t>(blockIdx.x) * flash::threads);
+}
+template <int D>
+__global__ void __launch_bounds__(flash::threads) flash_bf16_backward_kv_kernel(flash::problem p) {
+  extern __shared__ __align__(16) std::uint16_t flash_bf16_smem[];
+  flash_bf16_device_exec ex;
+  // The first key tiles (the most query tiles) first.
+  flash_bf16::backward_kv_block<D>(ex, p, flash_bf16_smem, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+}
+template <int D>
+__global__ void __launch_bounds__(flash::threads) flash_bf16_backward_q_kernel(flash::problem p) {
+  extern __shared__ __align__(16) std::uint16_t flash_bf16_smem[];
+  flash_bf16_device_exec ex;
+  flash_bf16::backward_q_block<D>(ex, p, flash_bf16_smem, static_cast<int>(gridDim.x - 1 - blockIdx.x),
+                                  static_cast<int>(blockIdx.y));
+}
+
 }  // namespace detail
 
-//! Causal attention's forward by tiles on bf16 tensor cores, scores in registers; see the header.
+//! Causal attention by tiles on bf16 tensor cores, scores in registers; see the header.
 struct flash_attention_bf16 {
   std::size_t seq = 0;
   std::size_t batch = 0;
@@ -138,12 +161,34 @@ struct flash_attention_bf16 {
       launch(detail::flash_bf16_forward_kernel<64>, grid, flash_bf16::layout<64>::forward_bytes, stream, p);
   }
 
+  //! dqkv (overwritten) from forward's qkv, out and lse and the gradient dout; delta is scratch
+  //! of lse_size() floats. Two passes (dk and dv per key tile, dq per query tile): no atomics.
+  void backward(cudaStream_t stream, device_span<const float> qkv, device_span<const float> out,
+                device_span<const float> lse, device_span<const float> dout, device_span<float> delta,
+                device_span<float> dqkv) const {
+    const char* who = "cuda::flash_attention_bf16::backward";
+    const flash::problem p = flash::backward_problem(who, shape(), qkv, out, lse, dout, delta, dqkv);
+    check_device(who);
+    const dim3 grid(static_cast<unsigned>((seq + flash::tile - 1) / flash::tile), static_cast<unsigned>(batch * heads));
+    const auto rows = static_cast<unsigned>((lse_size() + flash::threads - 1) / flash::threads);
+    if (head_dim == 32) {
+      launch(detail::flash_bf16_delta_kernel<32>, dim3(rows), 0, stream, p);
+      launch(detail::flash_bf16_backward_kv_kernel<32>, grid, flash_bf16::layout<32>::backward_bytes, stream, p);
+      launch(detail::flash_bf16_backward_q_kernel<32>, grid, flash_bf16::layout<32>::backward_bytes, stream, p);
+    } else {
+      launch(detail::flash_bf16_delta_kernel<64>, dim3(rows), 0, stream, p);
+      launch(detail::flash_bf16_backward_kv_kernel<64>, grid, flash_bf16::layout<64>::backward_bytes, stream, p);
+      launch(detail::flash_bf16_backward_q_kernel<64>, grid, flash_bf16::layout<64>::backward_bytes, stream, p);
+    }
+  }
+
  private:
   nn::causal_attention shape() const noexcept { return {seq, batch, heads, head_dim}; }
 
   template <class Kernel>
   static void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t stream, const flash::problem& p) {
-    kernel<<<grid, flash::threads, bytes, stream>>>(p);  // under the default 48 KiB at head_dim <= 64
+    static_assert(flash_bf16::layout<64>::backward_bytes <= 48 * 1024, "within the default 48 KiB of shared memory");
+    kernel<<<grid, flash::threads, bytes, stream>>>(p);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   }
 
