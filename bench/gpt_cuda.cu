@@ -3,7 +3,7 @@
 // NCCL rank; forward, backward and the fused AdamW step with clipping, as flagship::train runs
 // them. Against bench/gpt_torch_gpu.py, the same model in PyTorch on the same GPU
 // (scripts/gpu_check.sh runs both):
-//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32 | --bf16] [--flash]
+//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32 | --bf16] [--flash | --flash-bf16]
 // Tokens are random (speed does not depend on them). The time is wall time per step over
 // `steps` steps after two warm-up steps; each step ends with the host reading the loss, as the
 // trainer does. --tf32 switches the model's GEMMs to TF32 tensor cores (not bitwise reproducible
@@ -11,7 +11,8 @@
 // --precision bf16 does on the GPU (mixed_precision<bf16>: bf16 working weights and gradients,
 // TF32 GEMMs; activations still float), the mode torch.compile's bf16 autocast is compared with.
 // --flash runs the attention as nn::cuda::flash_attention (TF32 tiles, no [T, T] probabilities;
-// the flagship's --attention flash). Then the time of each phase of forward and backward (CUDA
+// the flagship's --attention flash); --flash-bf16 as nn::cuda::flash_attention_bf16 (bf16 tiles,
+// scores in registers; --attention flash_bf16). Then the time of each phase of forward and backward (CUDA
 // events on the compute stream: gpt_cuda.cuh's gpu_phases) and the rest.
 #include <mpi.h>
 
@@ -31,8 +32,10 @@
 namespace {
 
 template <class Precision>
-void run(trident::nccl_comm& world, std::size_t batch, std::size_t layers, std::size_t steps, trident::nn::gemm_math math, bool flash) {
-  const flagship::gpt_config c{.vocab = 50304, .seq = 1024, .hidden = 768, .heads = 12, .layers = layers, .flash_attention = flash};
+void run(trident::nccl_comm& world, std::size_t batch, std::size_t layers, std::size_t steps, trident::nn::gemm_math math, bool flash,
+         bool flash_bf16) {
+  const flagship::gpt_config c{.vocab = 50304, .seq = 1024, .hidden = 768, .heads = 12, .layers = layers, .flash_attention = flash,
+                               .flash_bf16 = flash_bf16};
   trident::process_grid grid(world, 1, 1);
   flagship::optimizer_type opt;
   opt.opt = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
@@ -65,7 +68,8 @@ void run(trident::nccl_comm& world, std::size_t batch, std::size_t layers, std::
   const double tokens = static_cast<double>(c.seq * batch);
   const bool full = std::is_same_v<Precision, trident::full_precision>;
   std::printf("trident gpt on the GPU: %zu layers, B = %zu, T = %zu, %s weights, %s GEMMs%s: %8.2f ms/step  %9.0f tokens/s  %6.1f TFLOP/s  (loss %.4f)\n",
-              layers, batch, c.seq, full ? "fp32" : "bf16", trident::nn::name(math), flash ? ", flash attention" : "", ms, tokens / ms * 1e3,
+              layers, batch, c.seq, full ? "fp32" : "bf16", trident::nn::name(math),
+              flash_bf16 ? ", flash attention (bf16 tiles)" : flash ? ", flash attention" : "", ms, tokens / ms * 1e3,
               c.flops_per_token() * tokens / ms * 1e-9, loss);
   // Where the step's time went: the compute stream's phases, and the rest of the wall time
   // (the optimizer's step on the data communicator's stream, reading the loss, host gaps).
@@ -87,12 +91,13 @@ int main(int argc, char** argv) {
   try {
     ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
     TRIDENT_CUDA_CHECK(cudaSetDevice(0));
-    bool tf32 = false, bf16 = false, flash = false;
+    bool tf32 = false, bf16 = false, flash = false, flash_bf16 = false;
     std::vector<std::size_t> positional;
     for (int i = 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--tf32") == 0) tf32 = true;
       else if (std::strcmp(argv[i], "--bf16") == 0) bf16 = true;
       else if (std::strcmp(argv[i], "--flash") == 0) flash = true;
+      else if (std::strcmp(argv[i], "--flash-bf16") == 0) flash = flash_bf16 = true;
       else positional.push_back(static_cast<std::size_t>(std::strtoull(argv[i], nullptr, 10)));
     }
     TRIDENT_EXPECT(!(tf32 && bf16), "gpt_cuda: --tf32 or --bf16, not both");
@@ -101,8 +106,8 @@ int main(int argc, char** argv) {
     auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = true});
     TRIDENT_EXPECT(world.size() == 1, "gpt_cuda: one rank (mpirun -np 1); got ", world.size());
     using trident::nn::gemm_math;
-    if (bf16) run<trident::mixed_precision<trident::bf16>>(world, batch, layers, steps, gemm_math::tf32, flash);
-    else run<trident::full_precision>(world, batch, layers, steps, tf32 ? gemm_math::tf32 : gemm_math::fp32, flash);
+    if (bf16) run<trident::mixed_precision<trident::bf16>>(world, batch, layers, steps, gemm_math::tf32, flash, flash_bf16);
+    else run<trident::full_precision>(world, batch, layers, steps, tf32 ? gemm_math::tf32 : gemm_math::fp32, flash, flash_bf16);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_cuda: %s\n", e.what());
     failed = 1;

@@ -178,6 +178,8 @@ done
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16
 [[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16 flash" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16 flash_bf16" "grep -E 'trident gpt on the GPU'" -- \
+  mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash-bf16
 # ... and one of its blocks' operations, each timed alone
 # (the unfused attention's backward against the flash attention's forward and backward)
 [[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)' | tail -5" -- \

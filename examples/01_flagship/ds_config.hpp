@@ -465,8 +465,8 @@ inline void parse_trident(const json& j, trident_config& t, std::vector<std::str
   }
   if (const json* v = find(s, "attention")) {
     t.attention = get_string(*v, "trident.attention");
-    TRIDENT_EXPECT(t.attention == "standard" || t.attention == "flash", "trident.attention: '", t.attention,
-                   "'; expected \"standard\" or \"flash\"");
+    TRIDENT_EXPECT(t.attention == "standard" || t.attention == "flash" || t.attention == "flash_bf16", "trident.attention: '",
+                   t.attention, "'; expected \"standard\", \"flash\" or \"flash_bf16\"");
   }
   if (const json* m = find(s, "model")) {
     const json& model = expect_object(*m, "trident.model");

@@ -104,6 +104,9 @@ struct gpt_config {
   //! The GPU path's attention in tiles (tensor::block_config::flash_attention); the host path
   //! refuses it.
   bool flash_attention = false;
+  //! With flash_attention: the bf16 tiles with the scores in registers
+  //! (tensor::block_config::flash_bf16, `--attention flash_bf16`).
+  bool flash_bf16 = false;
 
   std::size_t ffn_size() const noexcept { return ffn == 0 ? 4 * hidden : ffn; }
   //! Parameters of one block.
@@ -261,8 +264,8 @@ class gpt_rank final : public chunk_runner {
         ce_(grid.tensor(), c.vocab, "lm_head") {
     TRIDENT_EXPECT(micro_batches >= 1 && batch >= 1, "gpt_rank: ", micro_batches, " micro-batches of ", batch,
                    " rows; expected at least one of each");
-    TRIDENT_EXPECT(!c.flash_attention, "gpt_rank: flash attention is the GPU path's (gpt_cuda_rank, --backend nccl); "
-                   "expected flash_attention = false on the host");
+    TRIDENT_EXPECT(!c.flash_attention && !c.flash_bf16, "gpt_rank: flash attention is the GPU path's (gpt_cuda_rank, "
+                   "--backend nccl); expected flash_attention = false on the host");
     const auto all = gpt_parameters(grid.tensor(), c_, seed);
     const int per_chunk = static_cast<int>(c_.layers) / chunks_;
     const int t_rank = grid.tensor().rank();

@@ -273,7 +273,7 @@ class gpt_cuda_rank {
         prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch), n_(c.seq * batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
                    .sequence_parallel = false, .selective_recompute = c.recompute == recompute_mode::selective,
-                   .flash_attention = c.flash_attention},
+                   .flash_attention = c.flash_attention, .flash_bf16 = c.flash_bf16},
         wte_(grid.tensor(), c.vocab, c.hidden, "wte"), head_(grid.tensor(), c.hidden, c.vocab, "lm_head"),
         ce_(grid.tensor(), c.vocab, "lm_head") {
     TRIDENT_EXPECT(!c.sequence_parallel && c.recompute != recompute_mode::full,

@@ -76,9 +76,10 @@ constexpr const char* usage = R"(usage: flagship [options]
   --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
   --gemm fp32|tf32       nccl: the GEMMs' math (default: fp32 for fp32, tf32 tensor cores for
                          bf16; fp32 is the host's arithmetic)
-  --attention standard|flash   nccl: attention's core: the [seq, seq] probabilities kept
-                         (standard, the default), or tiles keeping one value per row, on TF32
-                         tensor cores (flash; head_dim 32 or 64, compute capability 8.0+)
+  --attention standard|flash|flash_bf16   nccl: attention's core: the [seq, seq] probabilities
+                         kept (standard, the default), or tiles keeping one value per row, on TF32
+                         tensor cores (flash) or bf16 ones with the scores in registers
+                         (flash_bf16; not yet run on a GPU); head_dim 32 or 64, compute capability 8.0+
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --recompute none|selective|full   activations kept for backward: all; all but attention's
@@ -185,7 +186,8 @@ void from_config(settings& s, const std::string& path, int world_size) {
   const auto& t = c.trident;
   o.model = {.vocab = t.model.vocab_size, .seq = t.model.seq_len, .hidden = t.model.hidden, .heads = t.model.heads,
              .layers = t.model.layers, .ffn = t.model.ffn, .sequence_parallel = t.sequence_parallel,
-             .recompute = flagship::parse_recompute(t.recompute), .flash_attention = t.attention == "flash"};
+             .recompute = flagship::parse_recompute(t.recompute), .flash_attention = t.attention.starts_with("flash"),
+             .flash_bf16 = t.attention == "flash_bf16"};
   o.tensor = t.tensor_parallel;
   o.pipeline = t.pipeline_parallel;
   o.virtual_stages = t.virtual_stages;
@@ -312,8 +314,10 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v));
     else if (a == "--resume") o.resume = true;
     else if (a == "--attention") {
-      TRIDENT_EXPECT(v == "standard" || v == "flash", "flagship: --attention ", v, "; expected standard or flash");
-      o.model.flash_attention = v == "flash";
+      TRIDENT_EXPECT(v == "standard" || v == "flash" || v == "flash_bf16", "flagship: --attention ", v,
+                     "; expected standard, flash or flash_bf16");
+      o.model.flash_attention = v != "standard";
+      o.model.flash_bf16 = v == "flash_bf16";
     } else if (a == "--gemm") {
       using trident::nn::gemm_math;
       TRIDENT_EXPECT(v == "fp32" || v == "tf32", "flagship: --gemm ", v, "; expected fp32 or tf32");
@@ -361,7 +365,8 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
                 o.pipeline * o.virtual_stages == 1 ? "" : "s", o.schedule.c_str(), o.zero_stage, s.precision.c_str(),
                 o.model.recompute == flagship::recompute_mode::none ? "" : ", recompute ",
                 o.model.recompute == flagship::recompute_mode::none ? "" : flagship::name_of(o.model.recompute),
-                o.model.flash_attention ? ", flash attention" : "", d * o.accumulation, o.micro_batch,
+                o.model.flash_bf16 ? ", flash attention (bf16 tiles)" : o.model.flash_attention ? ", flash attention" : "",
+                d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
                 static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {
@@ -420,8 +425,8 @@ int main(int argc, char** argv) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     TRIDENT_EXPECT(backend == "nccl" || option(args, "--gemm", "").empty(), "flagship: --gemm is the GPU path's (--backend nccl); "
                    "the ", backend, " backend computes its GEMMs in float");
-    TRIDENT_EXPECT(backend == "nccl" || option(args, "--attention", "standard") == "standard", "flagship: --attention flash is the "
-                   "GPU path's (--backend nccl); the ", backend, " backend runs the standard attention");
+    TRIDENT_EXPECT(backend == "nccl" || option(args, "--attention", "standard") == "standard", "flagship: --attention flash(_bf16) is "
+                   "the GPU path's (--backend nccl); the ", backend, " backend runs the standard attention");
     if (backend == "local") {
       const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
       TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);

@@ -396,8 +396,10 @@ TEST_CASE("ds_config: wrong types and values name the key and what was expected"
   CHECK_MESSAGE_HAS(with("gradient_clipping", "1.0"), "gradient_clipping: expected a number >= 0");
   CHECK_MESSAGE_HAS(with("trident", {{"recompute", "partial"}}), "trident.recompute: 'partial'; expected \"none\", \"selective\" or \"full\"");
   CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"recompute", "selective"}}}}, 1).trident.recompute == "selective");
-  CHECK_MESSAGE_HAS(with("trident", {{"attention", "fused"}}), "trident.attention: 'fused'; expected \"standard\" or \"flash\"");
+  CHECK_MESSAGE_HAS(with("trident", {{"attention", "fused"}}),
+                    "trident.attention: 'fused'; expected \"standard\", \"flash\" or \"flash_bf16\"");
   CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"attention", "flash"}}}}, 1).trident.attention == "flash");
+  CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"attention", "flash_bf16"}}}}, 1).trident.attention == "flash_bf16");
   CHECK(parse_config(json{{"train_batch_size", 8}}, 1).trident.attention == "standard");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "Lamb"}}), "optimizer.type: trident supports \"Adam\" and \"AdamW\"");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "got \"OneBitAdam\"");

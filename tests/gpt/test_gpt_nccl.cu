@@ -254,7 +254,7 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
   }
 }
 
-TEST_CASE("gpt on the GPU with flash attention: the host's serial fp32 run to TF32's rounding (step 1 to 2e-3, 20 steps to 3e-2)") {
+TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's serial fp32 run to their rounding (step 1 to 2e-3, 20 steps to 3e-2)") {
   auto& w = *world;
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -278,14 +278,19 @@ TEST_CASE("gpt on the GPU with flash attention: the host's serial fp32 run to TF
   std::vector<layout> layouts{{1, 1, 1}};
   if (w.size() % 2 == 0) layouts.push_back({2, 1, 3});
   if (w.size() > 1) layouts.push_back({1, w.size(), 2});
+  // Both tile kinds: TF32 (nn::cuda::flash_attention) and bf16 with the scores in registers
+  // (nn::cuda::flash_attention_bf16, --attention flash_bf16), within the same bounds.
+  for (const bool bf16 : {false, true})
   for (const auto& l : layouts) {
     auto o = o0;
     o.tensor = l.t;
     o.pipeline = l.p;
     o.zero_stage = l.zero;
+    o.model.flash_bf16 = bf16;
     const int d = w.size() / (l.t * l.p);
     auto host = o;
     host.model.flash_attention = false;
+    host.model.flash_bf16 = false;
     const auto want = serial_run(host, d);
     const auto got = flagship::cuda::train_on_gpus(w, o);
     REQUIRE(got.size() == want.size());
@@ -294,14 +299,14 @@ TEST_CASE("gpt on the GPU with flash attention: the host's serial fp32 run to TF
       CHECK(std::isfinite(got[s].loss));
       worst = std::max(worst, gpt_suite::relative(got[s].loss, want[s].loss));
     }
-    INFO("(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), ZeRO-", l.zero, ": step 1 ", got[0].loss, " vs ", want[0].loss, "; over 20 steps ",
-         worst);
+    INFO(std::string(bf16 ? "bf16 tiles, " : "TF32 tiles, "), "(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), ZeRO-", l.zero, ": step 1 ",
+         got[0].loss, " vs ", want[0].loss, "; over 20 steps ", worst);
     CHECK(gpt_suite::relative(got[0].loss, want[0].loss) <= 2e-3);
     CHECK(worst <= 3e-2);
     CHECK(got.back().loss < got.front().loss);  // it learns
     if (w.rank() == 0)
-      std::printf("gpt.nccl flash: (d, t, p) = (%d, %d, %d): step 1 from the host %.3g, 20 steps %.3g\n", d, l.t, l.p,
-                  gpt_suite::relative(got[0].loss, want[0].loss), worst);
+      std::printf("gpt.nccl flash%s: (d, t, p) = (%d, %d, %d): step 1 from the host %.3g, 20 steps %.3g\n", bf16 ? " bf16" : "",
+                  d, l.t, l.p, gpt_suite::relative(got[0].loss, want[0].loss), worst);
   }
 }
 

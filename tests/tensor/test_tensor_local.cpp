@@ -89,6 +89,10 @@ TEST_CASE("transformer block: flash attention is the GPU block's; the host block
     CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 4, .batch = 1, .hidden = 48, .heads = 1, .flash_attention = true}),
                          doctest::Contains("flash attention takes head_dim 32 or 64; hidden 48 over 1 heads is 48"),
                          trident::usage_error);
+    CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 4, .batch = 1, .hidden = 64, .heads = 2, .flash_bf16 = true}),
+                         doctest::Contains("block_config::flash_bf16 chooses flash attention's tiles; expected "
+                                           "flash_attention = true with it"),
+                         trident::usage_error);
   });
 }
 

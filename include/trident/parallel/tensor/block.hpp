@@ -95,6 +95,9 @@ struct block_config {
   //! cores. head_dim 32 or 64, compute capability 8.0+. tensor::cuda's block only: the host
   //! block refuses to run with it.
   bool flash_attention = false;
+  //! With flash_attention: the tiles of nn::cuda::flash_attention_bf16 instead (scores in
+  //! registers, bf16 tensor-core products: q, k, v, dout, P and dS rounded to bf16).
+  bool flash_bf16 = false;
 };
 
 //! The block's parameters (or their gradients), one span each, this rank's parts: std::span in
@@ -373,6 +376,8 @@ class transformer_block {
                    "over a tensor-parallel group of ", parts, "; expected a multiple of t");
     TRIDENT_EXPECT(!c.flash_attention || nn::flash::supported_head_dim(c.hidden / c.heads), name, ": flash attention takes "
                    "head_dim 32 or 64; hidden ", c.hidden, " over ", c.heads, " heads is ", c.hidden / c.heads);
+    TRIDENT_EXPECT(!c.flash_bf16 || c.flash_attention, name, ": block_config::flash_bf16 chooses flash attention's tiles; "
+                   "expected flash_attention = true with it");
     return c;
   }
   std::size_t head_dim() const noexcept { return c_.hidden / c_.heads; }

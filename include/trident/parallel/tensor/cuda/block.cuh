@@ -12,7 +12,8 @@
 // LayerNorm, attention and GELU kernels) on a cuda_context's compute stream, the four
 // all-reduces per step on the communicator's stream, ordered by events (tensor::cuda's linear
 // layers: backward's input-gradient all-reduces overlap their weight-gradient GEMMs).
-// With block_config::flash_attention the attention core is nn::cuda::flash_attention: the saved
+// With block_config::flash_attention the attention core is nn::cuda::flash_attention (with flash_bf16,
+// nn::cuda::flash_attention_bf16): the saved
 // activation "probs" holds each row's log-sum-exp instead, and backward's "ds" scratch its delta.
 // Selective recomputation and sequence parallelism work as on the host: the probabilities
 // recomputed in backward into a workspace; the norms and residuals on this rank's seq / t
@@ -46,6 +47,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/cuda/attention.cuh"
 #include "trident/nn/cuda/flash_attention.cuh"
+#include "trident/nn/cuda/flash_bf16.cuh"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/cuda/norm.cuh"
 #include "trident/parallel/tensor/block.hpp"
@@ -98,7 +100,7 @@ class transformer_block {
     const auto &a = config(), &b = other.config();
     TRIDENT_EXPECT(a.seq == b.seq && a.batch == b.batch && a.hidden == b.hidden && a.ffn == b.ffn && a.heads == b.heads &&
                        a.selective_recompute == b.selective_recompute && a.sequence_parallel == b.sequence_parallel &&
-                       a.flash_attention == b.flash_attention && parts() == other.parts(),
+                       a.flash_attention == b.flash_attention && a.flash_bf16 == b.flash_bf16 && parts() == other.parts(),
                    name(), ": share_backward_workspace with ", other.name(), ", a block of other sizes");
     other.scratch();
     workspace_ = other.workspace_;
@@ -144,7 +146,9 @@ class transformer_block {
     ln.forward(stream, m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.device_handle(), s.ln1_mean.device_handle(),
                s.ln1_rstd.device_handle());
     qkv_.forward(ctx, blas, tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.device_handle());
-    if (config().flash_attention) {
+    if (config().flash_bf16) {
+      flash_bf16().forward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle());  // probs: lse
+    } else if (config().flash_attention) {
       flash().forward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle());  // probs: lse
     } else {
       const auto probs = config().selective_recompute ? scratch().probs.device_handle() : s.probs.device_handle();
@@ -212,7 +216,10 @@ class transformer_block {
       d_mid_rows = full;
     }
     proj_.backward(ctx, blas, tp, n, s.attn.device_handle(), w.proj_weight, d_mid_rows, d_attn, g.proj_weight, g.proj_bias);
-    if (config().flash_attention) {  // s.probs holds lse, ws.ds the rows' delta
+    if (config().flash_bf16) {  // s.probs holds lse, ws.ds the rows' delta
+      flash_bf16().backward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle(), d_attn,
+                            ws.ds.device_handle(), d_qkv);
+    } else if (config().flash_attention) {
       flash().backward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle(), d_attn,
                        ws.ds.device_handle(), d_qkv);
     } else {
@@ -251,6 +258,9 @@ class transformer_block {
   std::size_t local_width() const noexcept { return shape_.local_heads() * head_dim(); }
   nn::cuda::causal_attention attention() const { return {config().seq, config().batch, shape_.local_heads(), head_dim()}; }
   nn::cuda::flash_attention flash() const { return {config().seq, config().batch, shape_.local_heads(), head_dim()}; }
+  nn::cuda::flash_attention_bf16 flash_bf16() const {
+    return {config().seq, config().batch, shape_.local_heads(), head_dim()};
+  }
   // The saved "probs": flash attention's lse, none under selective recomputation, else the probabilities.
   std::size_t saved_probs_size() const noexcept {
     return config().flash_attention ? flash().lse_size() : config().selective_recompute ? 0 : attention().probs_size();
