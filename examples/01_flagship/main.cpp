@@ -425,8 +425,11 @@ int main(int argc, char** argv) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     TRIDENT_EXPECT(backend == "nccl" || option(args, "--gemm", "").empty(), "flagship: --gemm is the GPU path's (--backend nccl); "
                    "the ", backend, " backend computes its GEMMs in float");
-    TRIDENT_EXPECT(backend == "nccl" || option(args, "--attention", "standard") == "standard", "flagship: --attention flash(_bf16) is "
-                   "the GPU path's (--backend nccl); the ", backend, " backend runs the standard attention");
+    const std::string attention = option(args, "--attention", "standard");
+    TRIDENT_EXPECT(attention == "standard" || attention == "flash" || attention == "flash_bf16", "flagship: --attention ",
+                   attention, "; expected standard, flash or flash_bf16");
+    TRIDENT_EXPECT(backend == "nccl" || attention == "standard", "flagship: --attention ", attention, " is the GPU path's "
+                   "(--backend nccl); the ", backend, " backend runs the standard attention");
     if (backend == "local") {
       const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
       TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);
