@@ -109,14 +109,6 @@ __global__ void bias_grad_kernel(device_span<const float> dy, device_span<float>
 // dx may alias dy and y may alias x (a thread reads its elements before writing them).
 inline bool aligned16(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// f(i, v[i]...) for quads i < n / 4 over float4 views, then for the tail elements as floats.
-template <class F>
-__device__ void for_each_quad(std::size_t n, F f) {
-  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x, first = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-  for (std::size_t i = first; i < n / 4; i += stride) f.quad(i);
-  if (first < n % 4) f.one(n - n % 4 + first);
-}
-
 template <class = void>  // a template so that several translation units may include this header
 __global__ void add_to_kernel(device_span<const float> x, device_span<float> y) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
@@ -172,9 +164,12 @@ struct backward_quads {
   __device__ void one(std::size_t i) const { dx[i] = Act::grad(x[i], dy[i]); }
 };
 
+// f.quad(i) for the float4s i < n / 4 of n elements, then f.one(i) for the last n % 4 elements.
 template <class F>
 __global__ void quads_kernel(std::size_t n, F f) {
-  for_each_quad(n, f);
+  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x, first = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
+  for (std::size_t i = first; i < n / 4; i += stride) f.quad(i);
+  if (first < n % 4) f.one(n - n % 4 + first);
 }
 
 // A fixed pairwise tree over the block's shared values (blockDim.x == block_size, a power of 2):
