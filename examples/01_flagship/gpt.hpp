@@ -101,8 +101,9 @@ struct gpt_config {
   bool sequence_parallel = false;
   float eps = 1e-5f;
   recompute_mode recompute = recompute_mode::none;
-  //! The GPU path's attention in tiles (tensor::block_config::flash_attention); the host path
-  //! refuses it.
+  //! Attention in tiles (tensor::block_config::flash_attention): on the GPU path for memory
+  //! (and, with flash_bf16, speed); the host path runs the same tiles' emulation, the GPU's
+  //! numerics for its serial reference (slow: the flagship's command line offers it on nccl only).
   bool flash_attention = false;
   //! With flash_attention: the bf16 tiles with the scores in registers
   //! (tensor::block_config::flash_bf16, `--attention flash_bf16`).
@@ -259,13 +260,12 @@ class gpt_rank final : public chunk_runner {
       : world_(&grid.world()), tp_(&grid.tensor()), pipe_(&grid.pipeline()), c_(validated(c, grid, chunks)), chunks_(chunks),
         p_(grid.pipeline().size()), prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
-                   .sequence_parallel = c.sequence_parallel, .selective_recompute = c.recompute == recompute_mode::selective},
+                   .sequence_parallel = c.sequence_parallel, .selective_recompute = c.recompute == recompute_mode::selective,
+                   .flash_attention = c.flash_attention, .flash_bf16 = c.flash_bf16},
         wte_(grid.tensor(), c.vocab, c.hidden, "wte"), head_(grid.tensor(), c.hidden, c.vocab, "lm_head"),
         ce_(grid.tensor(), c.vocab, "lm_head") {
     TRIDENT_EXPECT(micro_batches >= 1 && batch >= 1, "gpt_rank: ", micro_batches, " micro-batches of ", batch,
                    " rows; expected at least one of each");
-    TRIDENT_EXPECT(!c.flash_attention && !c.flash_bf16, "gpt_rank: flash attention is the GPU path's (gpt_cuda_rank, "
-                   "--backend nccl); expected flash_attention = false on the host");
     const auto all = gpt_parameters(grid.tensor(), c_, seed);
     const int per_chunk = static_cast<int>(c_.layers) / chunks_;
     const int t_rank = grid.tensor().rank();

@@ -68,23 +68,34 @@ inline double relative(double a, double b) { return std::abs(a - b) / std::max(1
 //! On a world of d x t x p ranks: the grid's run against one rank's (each rank runs the serial
 //! run itself, alone, with d x accumulation micro-batches per step).
 template <class Comm>
+struct serial_and_grid {
+  std::vector<flagship::step_report> want, got;  // one rank's run, the grid's
+  serial_and_grid(Comm& world, const flagship::train_options& o) {
+    const int d = world.size() / (o.tensor * o.pipeline);
+    auto alone = world.split(world.rank(), 0);
+    flagship::train_options serial = o;
+    serial.tensor = serial.pipeline = serial.virtual_stages = 1;
+    serial.schedule = "1f1b";
+    serial.zero_stage = 0;
+    serial.model.sequence_parallel = false;
+    serial.accumulation = o.accumulation * d;
+    want = flagship::train(alone, serial);
+    got = flagship::train(world, o);
+    REQUIRE(got.size() == want.size());
+    REQUIRE(want.size() == static_cast<std::size_t>(o.steps));
+  }
+};
+
+template <class Comm>
 void equals_serial(Comm& world, flagship::train_options o, double tolerance = 1e-5) {
   const int d = world.size() / (o.tensor * o.pipeline);
-  auto alone = world.split(world.rank(), 0);
-  flagship::train_options serial = o;
-  serial.tensor = serial.pipeline = serial.virtual_stages = 1;
-  serial.schedule = "1f1b";
-  serial.zero_stage = 0;
-  serial.model.sequence_parallel = false;
-  serial.accumulation = o.accumulation * d;
-  const auto want = flagship::train(alone, serial);
-  const auto got = flagship::train(world, o);
-  REQUIRE(got.size() == want.size());
-  REQUIRE(want.size() == static_cast<std::size_t>(o.steps));
+  const serial_and_grid<Comm> runs(world, o);
+  const auto& want = runs.want;
+  const auto& got = runs.got;
   int clipped = 0;
   for (std::size_t s = 0; s < got.size(); ++s) {
     INFO("(d, t, p) = (", d, ", ", o.tensor, ", ", o.pipeline, "), v = ", o.virtual_stages, ", ", o.schedule, ", ZeRO-", o.zero_stage,
-         o.model.sequence_parallel ? ", sequence parallel" : "", ", world rank ", world.rank(), ", step ", s + 1);
+         std::string(o.model.sequence_parallel ? ", sequence parallel" : ""), ", world rank ", world.rank(), ", step ", s + 1);
     CHECK(std::isfinite(got[s].loss));
     CHECK(relative(got[s].loss, want[s].loss) <= tolerance);
     CHECK(relative(got[s].grad_norm, want[s].grad_norm) <= tolerance);

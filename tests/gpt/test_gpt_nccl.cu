@@ -254,7 +254,8 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
   }
 }
 
-TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's serial fp32 run to their rounding (step 1 to 2e-3, 20 steps to 3e-2)") {
+TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's serial run of the same tiles (their emulation), "
+          "step 1 to 1e-5, 20 steps to 2e-3 (TF32) and 5e-3 (bf16)") {
   auto& w = *world;
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -263,6 +264,10 @@ TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's
   o0.model.heads = 2;
   o0.model.ffn = 64;
   o0.model.flash_attention = true;
+  // gpt.local's flash case's gentler rate: the tiles round their operands, and at 1e-2 the
+  // last-bit differences of two summation orders (here cuBLAS's and the host's GEMMs, the
+  // tensor cores' and the emulation's sums) snowball whenever they cross a rounding boundary.
+  o0.lr = [](std::int64_t step) { return 1e-3 * std::min<double>(1.0, static_cast<double>(step) / 5.0); };
   if (major < 8) {  // refused, by name, on every rank
     try {
       (void)flagship::cuda::train_on_gpus(w, o0);
@@ -279,7 +284,9 @@ TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's
   if (w.size() % 2 == 0) layouts.push_back({2, 1, 3});
   if (w.size() > 1) layouts.push_back({1, w.size(), 2});
   // Both tile kinds: TF32 (nn::cuda::flash_attention) and bf16 with the scores in registers
-  // (nn::cuda::flash_attention_bf16, --attention flash_bf16), within the same bounds.
+  // (nn::cuda::flash_attention_bf16, --attention flash_bf16). The host's serial run has the same
+  // tiles, emulated (tensor::transformer_block runs nn::flash(_bf16)::emulate_*): the GPU's
+  // roundings of q, k, v, P and dS, so what is left is summation order.
   for (const bool bf16 : {false, true})
   for (const auto& l : layouts) {
     auto o = o0;
@@ -288,25 +295,23 @@ TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's
     o.zero_stage = l.zero;
     o.model.flash_bf16 = bf16;
     const int d = w.size() / (l.t * l.p);
-    auto host = o;
-    host.model.flash_attention = false;
-    host.model.flash_bf16 = false;
-    const auto want = serial_run(host, d);
+    const auto want = serial_run(o, d);
     const auto got = flagship::cuda::train_on_gpus(w, o);
     REQUIRE(got.size() == want.size());
     double worst = 0;
     for (std::size_t s = 0; s < got.size(); ++s) {
       CHECK(std::isfinite(got[s].loss));
-      worst = std::max(worst, gpt_suite::relative(got[s].loss, want[s].loss));
+      worst = std::max({worst, gpt_suite::relative(got[s].loss, want[s].loss), gpt_suite::relative(got[s].grad_norm, want[s].grad_norm)});
     }
+    const double first = std::max(gpt_suite::relative(got[0].loss, want[0].loss), gpt_suite::relative(got[0].grad_norm, want[0].grad_norm));
     INFO(std::string(bf16 ? "bf16 tiles, " : "TF32 tiles, "), "(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), ZeRO-", l.zero, ": step 1 ",
-         got[0].loss, " vs ", want[0].loss, "; over 20 steps ", worst);
-    CHECK(gpt_suite::relative(got[0].loss, want[0].loss) <= 2e-3);
-    CHECK(worst <= 3e-2);
-    CHECK(got.back().loss < got.front().loss);  // it learns
+         got[0].loss, " vs ", want[0].loss, " (loss or norm apart ", first, "); over 20 steps ", worst);
+    CHECK(first <= 1e-5);
+    CHECK(worst <= (bf16 ? 5e-3 : 2e-3));
+    CHECK(got.back().loss < got.front().loss - 0.1);  // it learns
     if (w.rank() == 0)
-      std::printf("gpt.nccl flash%s: (d, t, p) = (%d, %d, %d): step 1 from the host %.3g, 20 steps %.3g\n", bf16 ? " bf16" : "",
-                  d, l.t, l.p, gpt_suite::relative(got[0].loss, want[0].loss), worst);
+      std::printf("gpt.nccl flash%s: (d, t, p) = (%d, %d, %d): step 1 from the host's emulated tiles %.3g, 20 steps %.3g\n",
+                  bf16 ? " bf16" : "", d, l.t, l.p, first, worst);
   }
 }
 

@@ -422,7 +422,9 @@ stack_result run_stack(Comm& tp, recompute mode, bool sequence_parallel, int lay
   ledger->reset_peaks();
   std::vector<tensor::transformer_block> blocks;
   for (int l = 0; l < layers; ++l) {
-    blocks.emplace_back(tp, config, "h" + std::to_string(l));
+    std::string name = "h";  // not "h" + to_string: GCC 12's -Wrestrict misfires on it at -O3
+    name += std::to_string(l);
+    blocks.emplace_back(tp, config, name);
     if (selective && l > 0) blocks.back().share_attention_workspace(blocks.front());
   }
   std::vector<std::vector<std::vector<float>>> weights, grads;

@@ -76,16 +76,89 @@ TEST_CASE("transformer block: heads and features that t does not divide are name
   for (int t = 2; t <= 4; ++t) local_world::run(t, [](local_comm& tp) { tensor_suite::block_bad_shapes(tp); });
 }
 
-TEST_CASE("transformer block: flash attention is the GPU block's; the host block refuses to run it, naming it") {
+namespace {
+
+// One block's forward and backward on this rank (t = tp's size) with attention `kind` (0: plain,
+// 1: flash TF32 tiles, 2: flash bf16 tiles, both emulated on the host): y, dx and the gradients,
+// gathered over the group, and the size of the saved "probs".
+struct block_run {
+  std::vector<float> y, dx, grads;
+  std::size_t saved_probs = 0;
+};
+block_run run_block(local_comm& tp, int kind, bool sp) {
+  namespace tensor = trident::tensor;
+  const tensor::block_config config{.seq = 70, .batch = 2, .hidden = 64, .heads = 2, .ffn = 128, .eps = 1e-5f,
+                                    .sequence_parallel = sp, .flash_attention = kind > 0, .flash_bf16 = kind == 2};
+  const tensor::transformer_block block(tp, config, "h0");
+  auto w = block.init_parameters(31, 1);
+  std::vector<std::vector<float>> g;
+  for (const auto& p : w) g.emplace_back(p.size(), 0.0f);
+  const std::size_t numel = block.input_numel(), first = sp ? static_cast<std::size_t>(tp.rank()) * numel : 0;
+  const auto x_all = tensor_suite::random(numel * (sp ? static_cast<std::size_t>(tp.size()) : 1), 32);
+  const auto dy_all = tensor_suite::random(x_all.size(), 33);
+  const std::vector<float> x(x_all.begin() + static_cast<std::ptrdiff_t>(first), x_all.begin() + static_cast<std::ptrdiff_t>(first + numel));
+  const std::vector<float> dy(dy_all.begin() + static_cast<std::ptrdiff_t>(first), dy_all.begin() + static_cast<std::ptrdiff_t>(first + numel));
+  std::vector<float> y(numel), dx(numel);
+  auto saved = block.make_activations();
+  block.forward(tp, tensor::block_tensors<const float>::over(w), x, y, saved);
+  block.backward(tp, tensor::block_tensors<const float>::over(w), saved, dy, dx, tensor::block_tensors<float>::over(g));
+  block_run r;
+  r.saved_probs = saved.probs.size();
+  auto gathered = [&](const std::vector<float>& mine) {  // every rank's part, in rank order
+    std::vector<float> all(mine.size() * static_cast<std::size_t>(tp.size()));
+    tp.all_gather(std::span<const float>(mine), std::span<float>(all));
+    return all;
+  };
+  r.y = gathered(y);
+  r.dx = gathered(dx);
+  for (const auto& p : g) {
+    const auto all = gathered(p);
+    r.grads.insert(r.grads.end(), all.begin(), all.end());
+  }
+  return r;
+}
+// The largest difference relative to the largest element of want.
+double apart(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return worst / scale;
+}
+
+}  // namespace
+
+TEST_CASE("transformer block with flash attention on the host: the GPU tiles' emulation, within their rounding of the plain "
+          "block, keeping lse instead of the probabilities (threads, t = 1, 2, with and without sequence parallelism)") {
+  for (int t : {1, 2})
+    for (bool sp : {false, true})
+      local_world::run(t, [sp](local_comm& tp) {
+        const auto plain = run_block(tp, 0, sp), tf32 = run_block(tp, 1, sp), bf16 = run_block(tp, 2, sp);
+        const std::size_t lse = 2 * (2 / static_cast<std::size_t>(tp.size())) * 70;  // [batch, heads / t, seq]
+        CHECK(plain.saved_probs == lse * 70);
+        CHECK(tf32.saved_probs == lse);
+        CHECK(bf16.saved_probs == lse);
+        const double err[2][3] = {{apart(tf32.y, plain.y), apart(tf32.dx, plain.dx), apart(tf32.grads, plain.grads)},
+                                  {apart(bf16.y, plain.y), apart(bf16.dx, plain.dx), apart(bf16.grads, plain.grads)}};
+        const std::string where = sp ? ", sequence parallel" : "";
+        INFO("t = ", tp.size(), where, ": TF32 tiles y ", err[0][0], ", dx ", err[0][1],
+             ", grads ", err[0][2], "; bf16 tiles y ", err[1][0], ", dx ", err[1][1], ", grads ", err[1][2]);
+        for (int i = 0; i < 3; ++i) {
+          CHECK(err[0][i] > 0);  // the tiles ran, with their roundings (TF32: 2^-11, bf16: 2^-9 relative)
+          CHECK(err[0][i] <= 2e-4);
+          CHECK(err[1][i] > err[0][i]);
+          CHECK(err[1][i] <= 1e-3);
+        }
+        if (tp.rank() == 0 && !sp) MESSAGE("t = ", tp.size(), ": TF32 tiles y ", err[0][0], ", dx ", err[0][1], ", grads ", err[0][2],
+                                           "; bf16 tiles y ", err[1][0], ", dx ", err[1][1], ", grads ", err[1][2]);
+      });
+}
+
+TEST_CASE("transformer block: flash attention's head_dim and tile choice are checked, naming them") {
   local_world::run(1, [](local_comm& tp) {
     namespace tensor = trident::tensor;
-    const tensor::transformer_block blk(tp, {.seq = 4, .batch = 1, .hidden = 64, .heads = 2, .flash_attention = true}, "h0");
-    std::vector<std::vector<float>> w;
-    for (const auto& p : blk.parameters()) w.emplace_back(p.split.numel(), 0.5f);
-    auto saved = blk.make_activations();
-    std::vector<float> x(4 * 64, 0.1f), y(4 * 64);
-    CHECK_THROWS_WITH_AS(blk.forward(tp, tensor::block_tensors<const float>::over(w), x, y, saved),
-                         doctest::Contains("h0.forward: block_config::flash_attention is the GPU block's"), trident::usage_error);
     CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 4, .batch = 1, .hidden = 48, .heads = 1, .flash_attention = true}),
                          doctest::Contains("flash attention takes head_dim 32 or 64; hidden 48 over 1 heads is 48"),
                          trident::usage_error);

@@ -18,7 +18,7 @@
 // over this rank's rows, all-reduced over the group (one call of 4 x hidden floats).
 //
 //   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps,
-//                             sequence_parallel, selective_recompute, flash_attention (GPU only)
+//                             sequence_parallel, selective_recompute, flash_attention, flash_bf16
 //   template <class T, class Space = host_space> struct block_tensors
 //                             one span per parameter, in parameters() order (device_span on CUDA)
 //   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads),
@@ -68,6 +68,7 @@
 #include "trident/nn/activation.hpp"
 #include "trident/nn/attention.hpp"
 #include "trident/nn/flash_attention.hpp"
+#include "trident/nn/flash_bf16.hpp"
 #include "trident/nn/norm.hpp"
 #include "trident/parallel/tensor/linear.hpp"
 
@@ -92,8 +93,10 @@ struct block_config {
   //! The GPU block's attention in tiles (nn::cuda::flash_attention): forward keeps each row's
   //! log-sum-exp ([batch, heads / t, seq]) instead of the probabilities, backward recomputes them
   //! tile by tile (so selective_recompute changes nothing), and the products run on TF32 tensor
-  //! cores. head_dim 32 or 64, compute capability 8.0+. tensor::cuda's block only: the host
-  //! block refuses to run with it.
+  //! cores. head_dim 32 or 64, compute capability 8.0+. The host block runs the same tiles in
+  //! their host emulation (nn::flash::emulate_*, nn::flash_bf16::emulate_*: the GPU's roundings,
+  //! each lane in turn, so many times slower than nn::causal_attention): a GPU run's serial
+  //! reference with the GPU's numerics, for checking, not for speed.
   bool flash_attention = false;
   //! With flash_attention: the tiles of nn::cuda::flash_attention_bf16 instead (scores in
   //! registers, bf16 tensor-core products: q, k, v, dout, P and dS rounded to bf16).
@@ -166,6 +169,7 @@ struct backward_workspace {
   buffer<float, host_space> d_gelu, d_fc1, d_attn, d_qkv;  // this rank's features
   buffer<float, host_space> d_ln2, d_norm, d_ln1, d_mid;    // [rows this rank holds, hidden]
   buffer<float, host_space> full, gathered, partial;        // sequence parallelism: [seq x batch, hidden]
+  buffer<float, host_space> delta;                          // flash attention: rowsum(dout * out), lse's size
 };
 
 class transformer_block {
@@ -271,7 +275,7 @@ class transformer_block {
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden, lh = local_heads_ * head_dim();
     const auto kept = [](std::size_t count) { return block_activations::storage(count, mem_category::activations); };
     block_activations a{kept(m * h),     kept(m),         kept(m),        kept(m * h),
-                        kept(n * 3 * lh), kept(c_.selective_recompute ? 0 : attention().probs_size()), kept(n * lh),
+                        kept(n * 3 * lh), kept(saved_probs_size()), kept(n * lh),
                         kept(m * h),     kept(m),         kept(m),        kept(m * h),
                         kept(n * fc1_.local_out_features()), kept(n * fc1_.local_out_features()), {}, {}};
     if (c_.sequence_parallel) {
@@ -287,8 +291,6 @@ class transformer_block {
                block_activations& s) const {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "forward", tp, parts_);
-    TRIDENT_EXPECT(!c_.flash_attention, name_, ".forward: block_config::flash_attention is the GPU block's "
-                   "(tensor::cuda::transformer_block); the host block runs nn::causal_attention");
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
     TRIDENT_EXPECT(x.size() == m * h && y.size() == m * h, name_, ".forward: x and y must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", x.size(), " and ", y.size());
@@ -310,7 +312,7 @@ class transformer_block {
     };
     ln.forward(m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.span(), s.ln1_mean.span(), s.ln1_rstd.span());
     qkv_.forward(tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.span());
-    attention().forward(s.qkv.span(), s.attn.span(), c_.selective_recompute ? workspace().probs.span() : s.probs.span());
+    attention_forward(s);
     row(proj_, s.attn.span(), w.proj_weight, w.proj_bias, s.mid.span());
     for (std::size_t i = 0; i < m * h; ++i) s.mid[i] += x[i];
     ln.forward(m, s.mid.span(), w.ln2_weight, w.ln2_bias, s.ln2_out.span(), s.ln2_mean.span(), s.ln2_rstd.span());
@@ -327,8 +329,6 @@ class transformer_block {
                 std::span<float> dx, const block_tensors<float>& g) const {
     detail::require_host_comm<Comm>();
     detail::check_group(name_, "backward", tp, parts_);
-    TRIDENT_EXPECT(!c_.flash_attention, name_, ".backward: block_config::flash_attention is the GPU block's "
-                   "(tensor::cuda::transformer_block); the host block runs nn::causal_attention");
     const std::size_t n = rows(), m = local_rows(), h = c_.hidden;
     TRIDENT_EXPECT(dy.size() == m * h && dx.size() == m * h, name_, ".backward: dy and dx must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", dy.size(), " and ", dx.size());
@@ -352,7 +352,7 @@ class transformer_block {
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
     const auto d_attn = sized(ws.d_attn, s.attn.size()), d_qkv = sized(ws.d_qkv, s.qkv.size()), d_ln1 = sized(ws.d_ln1, n * h);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, d_mid, d_attn, g.proj_weight, g.proj_bias);
-    attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
+    attention_backward(s, d_attn, d_qkv);
     qkv_.backward(tp, n, s.ln1_out.span(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // summed (f)
     ln.backward(n, s.x.span(), w.ln1_weight, s.ln1_mean.span(), s.ln1_rstd.span(), d_ln1, dx, g.ln1_weight, g.ln1_bias);
     for (std::size_t i = 0; i < n * h; ++i) dx[i] += d_mid[i];
@@ -414,7 +414,7 @@ class transformer_block {
     const auto d_attn = sized(ws.d_attn, s.attn.size()), d_qkv = sized(ws.d_qkv, s.qkv.size()), d_ln1 = sized(ws.d_ln1, m * h);
     reduce_scatter_to_sequence::backward(tp, d_mid, full);
     proj_.backward(tp, n, s.attn.span(), w.proj_weight, full, d_attn, g.proj_weight, g.proj_bias);
-    attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
+    attention_backward(s, d_attn, d_qkv);
     gather_from_sequence::forward(tp, s.ln1_out.span(), gathered);
     qkv_.backward_to_sequence(tp, n, gathered, w.qkv_weight, d_qkv, partial, d_ln1, g.qkv_weight, g.qkv_bias);
     ln.backward(m, s.x.span(), w.ln1_weight, s.ln1_mean.span(), s.ln1_rstd.span(), d_ln1, dx, n1w, n1b);
@@ -426,6 +426,28 @@ class transformer_block {
       for (std::size_t j = 0; j < h; ++j) targets[k][j] += norms[k * h + j];
   }
   nn::causal_attention attention() const { return {c_.seq, c_.batch, local_heads_, head_dim()}; }
+  // The saved "probs": flash attention's lse ([batch, heads / t, seq]), none under selective
+  // recomputation, else the probabilities (as tensor::cuda's block).
+  std::size_t saved_probs_size() const {
+    const auto a = attention();
+    return c_.flash_attention ? a.batch * a.heads * a.seq : c_.selective_recompute ? 0 : a.probs_size();
+  }
+  // Attention's core, forward: out from qkv, keeping the probabilities or (flash) lse.
+  void attention_forward(block_activations& s) const {
+    if (c_.flash_bf16) nn::flash_bf16::emulate_forward(attention(), s.qkv.span(), s.attn.span(), s.probs.span());
+    else if (c_.flash_attention) nn::flash::emulate_forward(attention(), s.qkv.span(), s.attn.span(), s.probs.span(), true);
+    else attention().forward(s.qkv.span(), s.attn.span(), c_.selective_recompute ? workspace().probs.span() : s.probs.span());
+  }
+  // ... and backward: d_qkv (overwritten) from d_attn (flash: its rows' delta in scratch).
+  void attention_backward(const block_activations& s, std::span<const float> d_attn, std::span<float> d_qkv) const {
+    if (!c_.flash_attention) {
+      attention().backward(s.qkv.span(), probabilities(s), d_attn, d_qkv);
+      return;
+    }
+    const auto delta = sized(scratch().delta, s.probs.size());
+    if (c_.flash_bf16) nn::flash_bf16::emulate_backward(attention(), s.qkv.span(), s.attn.span(), s.probs.span(), d_attn, delta, d_qkv);
+    else nn::flash::emulate_backward(attention(), s.qkv.span(), s.attn.span(), s.probs.span(), d_attn, delta, d_qkv, true);
+  }
   // The attention probabilities backward needs: the kept ones, or (selective recomputation)
   // the forward's again, from the kept q, k, v: the same arithmetic, so the same values.
   std::span<const float> probabilities(const block_activations& s) const {
@@ -456,7 +478,7 @@ class transformer_block {
       };
       backward_ws_ = std::make_shared<backward_workspace>(backward_workspace{
           make(features), make(features), make(heads), make(3 * heads), make(rows_h), make(rows_h), make(rows_h), make(rows_h),
-          make(sp), make(sp), make(sp)});
+          make(sp), make(sp), make(sp), make(c_.flash_attention ? saved_probs_size() : 0)});
     }
     return *backward_ws_;
   }
@@ -470,7 +492,7 @@ class transformer_block {
     return b.span().first(size);
   }
   void check_activations(const block_activations& s) const {
-    TRIDENT_EXPECT(s.probs.size() == (c_.selective_recompute ? 0 : attention().probs_size()) && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
+    TRIDENT_EXPECT(s.probs.size() == saved_probs_size() && s.qkv.size() == rows() * 3 * local_heads_ * head_dim() &&
                        s.fc1_out.size() == rows() * fc1_.local_out_features() && s.x.size() == local_rows() * c_.hidden &&
                        s.gathered.size() == (c_.sequence_parallel ? rows() * c_.hidden : 0),
                    name_, ": the saved activations are not this block's; expected make_activations() of the same block");
