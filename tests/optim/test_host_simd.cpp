@@ -211,17 +211,22 @@ void check_paths(const Opt& opt, const std::string& what) {
 
 template <class Grad, class Working>
 void check_every_optimizer() {
+  // Under the sanitizers (tests/CMakeLists.txt) one setting per optimizer, every length and
+  // path (157 s at -O0 with every access checked for all eight): the other settings change the
+  // arithmetic, not what memory the paths touch.
+#if !defined(TRIDENT_TEST_SANITIZED)
   check_paths<optim::sgd, Grad, Working>(optim::sgd{{.lr = 0.1f}}, "sgd");
   check_paths<optim::sgd, Grad, Working>(optim::sgd{{.lr = 0.05f, .momentum = 0.9f, .dampening = 0.25f}},
                                          "sgd momentum dampening");
+  check_paths<optim::sgd, Grad, Working>(optim::sgd{{.lr = 0.03f, .weight_decay = 0.1f}}, "sgd weight decay");
+  check_paths<optim::adam, Grad, Working>(optim::adam{{.lr = 1e-3f}}, "adam");
+  check_paths<optim::adamw, Grad, Working>(optim::adamw{{.lr = 1e-3f, .weight_decay = 0}}, "adamw no decay");
+#endif
   check_paths<optim::sgd, Grad, Working>(
       optim::sgd{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-2f, .nesterov = true}},
       "sgd nesterov weight decay");
-  check_paths<optim::sgd, Grad, Working>(optim::sgd{{.lr = 0.03f, .weight_decay = 0.1f}}, "sgd weight decay");
-  check_paths<optim::adam, Grad, Working>(optim::adam{{.lr = 1e-3f}}, "adam");
   check_paths<optim::adam, Grad, Working>(optim::adam{{.lr = 1e-3f, .weight_decay = 1e-2f}}, "adam l2");
   check_paths<optim::adamw, Grad, Working>(optim::adamw{{.lr = 3e-3f, .beta1 = 0.8f, .beta2 = 0.99f}}, "adamw");
-  check_paths<optim::adamw, Grad, Working>(optim::adamw{{.lr = 1e-3f, .weight_decay = 0}}, "adamw no decay");
 }
 
 }  // namespace
