@@ -5,7 +5,7 @@
 // Synopsis (namespace trident::nn::flash_bf16)
 //   struct frag_a, frag_b, frag_c         a lane's share of a [16, 16] bf16 A, a [16, 8] bf16 B,
 //                                         a [16, 8] float C (PTX's documented fragment layouts)
-//   template <int D> struct layout        a block's shared memory, bf16 tiles as rows and transposed
+//   template <int D> struct layout        a block's shared memory: two bf16 tiles of 64 rows
 //   struct host_exec                      a block's 128 lanes, one after another, on the host
 //   template <int D, class Exec> void forward_block(ex, p, smem, qt, bh)
 //   template <int D, class Exec> void backward_kv_block(ex, p, smem, kt, bh)   dk, dv of key tile kt
@@ -24,13 +24,13 @@
 // holds 2 columns of rows g and g + 8, g = lane / 4; a row's 4 lanes combine their maxima and
 // sums with two shuffles), and P goes from the C fragments straight into A fragments for P v (the
 // layouts line up: C columns 2t, 2t + 1 of two adjacent n-tiles are A's columns of one k-step).
-// Only K and V go through shared memory, once per key tile, as bf16 (V transposed, so that B's
-// pairs are adjacent). FlashAttention-2's own kernels work this way.
+// Only K and V go through shared memory, once per key tile, as bf16 rows; V's B fragments, whose
+// pairs run down a column, come from ldmatrix .trans. FlashAttention-2's own kernels work this way.
 //
 // Backward is nn::flash's two deterministic passes with the same registers-first design: per key
 // tile, each warp holds 16 keys' k and v as A fragments and computes S^T = k q^T and dP^T =
 // v dout^T for each query tile, then dv += P^T dout and dk += dS^T q from those C fragments (q
-// and dout go through shared memory both as rows and transposed); per query tile, S = q k^T and
+// and dout go through shared memory as rows, read both ways); per query tile, S = q k^T and
 // dP = dout v^T, then dq += dS k. P = exp(S scale - lse) as forward saved it, dS = P (dP -
 // delta) scale, delta = rowsum(dout * out) (flash::delta_rows).
 //
@@ -84,20 +84,21 @@ struct frag_c {
   float v[4];
 };
 
-//! A block's shared memory for head_dim D, in bf16 elements: a key tile [64, D] and a value tile
-//! transposed [D, 64], rows padded by 8 elements (16 bytes): the 8 row groups of a fragment's
-//! loads then fall 4 banks apart, so a warp's 32 loads of 4 bytes hit 32 banks.
+//! A block's shared memory for head_dim D, in bf16 elements: two tiles of 64 rows [64, D] (K and
+//! V; q and dout; k and v), rows padded by 8 elements (16 bytes): the 8 rows a fragment's loads
+//! (or an ldmatrix) touch then fall 4 banks apart, so a warp's 32 loads of 4 bytes hit 32 banks.
+//! No tile is stored transposed: a B operand that runs along a tile's rows (V for P v, dout and
+//! q for dv and dk, k for dq) is read with b_cols (ldmatrix .trans on the GPU); transposed
+//! stores of 2 bytes were 5-way bank conflicts, 80% of the kernels' shared-store wavefronts
+//! (ncu on an H200).
 template <int D>
 struct layout {
   static_assert(D % 16 == 0 && D >= 16 && D <= 128, "bf16 flash tiles need head_dim a multiple of 16, at most 128");
   static constexpr int ldk = D + 8;
-  static constexpr int ldv = tile + 8;
   static constexpr std::size_t k_elems = static_cast<std::size_t>(tile) * ldk;
-  static constexpr std::size_t v_elems = static_cast<std::size_t>(D) * ldv;
-  static constexpr std::size_t forward_bytes = 2 * (k_elems + v_elems);
-  // dk, dv: q and dout as rows and transposed, and lse and delta of 64 rows; dq: k (rows and
-  // transposed) and v's rows, within the same bytes.
-  static constexpr std::size_t backward_bytes = 2 * (2 * k_elems + 2 * v_elems) + 2 * tile * sizeof(float);
+  static constexpr std::size_t forward_bytes = 2 * (2 * k_elems);
+  // dk, dv: q and dout, and lse and delta of 64 rows; dq: k and v, within the same bytes.
+  static constexpr std::size_t backward_bytes = 2 * (2 * k_elems) + 2 * tile * sizeof(float);
 };
 
 //! A lane's state across a forward block's barriers.
@@ -156,13 +157,36 @@ TRIDENT_HOST_DEVICE void quad_sum(Exec& ex, F&& f) {
 TRIDENT_HOST_DEVICE inline float exp_(float x) { return flash::detail::exp_(x); }
 TRIDENT_HOST_DEVICE inline float log_(float x) { return flash::detail::log_(x); }
 
+// Four floats rounded to bf16 at dst (8-byte aligned): one 8-byte store on the GPU.
+TRIDENT_HOST_DEVICE inline void store_bf16x4(std::uint16_t* dst, const flash::detail::quad& q) {
+  const std::uint32_t lo = pack(q.v[0], q.v[1]), hi = pack(q.v[2], q.v[3]);
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+#else
+  dst[0] = lo16(lo);
+  dst[1] = hi16(lo);
+  dst[2] = lo16(hi);
+  dst[3] = hi16(hi);
+#endif
+}
+// Two floats at dst (8-byte aligned): one 8-byte store on the GPU (a quad of lanes then fills
+// whole 32-byte sectors; two 4-byte stores used half of each).
+TRIDENT_HOST_DEVICE inline void store_pair(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+#else
+  dst[0] = x;
+  dst[1] = y;
+#endif
+}
+
 // Rows [row0, row0 + 64) of two tensors, row i at src_a(i) and src_b(i) (zeros past seq), rounded
-// to bf16 into shared memory: as rows [64, ldk] into a (b) and transposed [D, ldv] into a_t
-// (b_t); null destinations are skipped. Each thread issues its loads before its stores.
+// to bf16 into shared memory as rows [64, ldk] (a, b). Each thread issues its loads before its
+// stores.
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec, class SrcA, class SrcB>
-TRIDENT_HOST_DEVICE void load_tiles(Exec& ex, const problem& p, int row0, SrcA src_a, std::uint16_t* a, std::uint16_t* a_t,
-                                    SrcB src_b, std::uint16_t* b, std::uint16_t* b_t) {
+TRIDENT_HOST_DEVICE void load_tiles(Exec& ex, const problem& p, int row0, SrcA src_a, std::uint16_t* a, SrcB src_b,
+                                    std::uint16_t* b) {
   using L = layout<D>;
   ex.each([&](int th) {
     constexpr int per_row = D / 4, n = tile * per_row / threads;
@@ -175,22 +199,36 @@ TRIDENT_HOST_DEVICE void load_tiles(Exec& ex, const problem& p, int row0, SrcA s
     }
     for (int it = 0; it < n; ++it) {
       const int idx = it * threads + th, r = idx / per_row, c = 4 * (idx % per_row);
-      for (int e = 0; e < 4; ++e) {
-        const std::uint16_t x = bf16_bits(qa[it].v[e]), y = bf16_bits(qb[it].v[e]);
-        if (a) a[r * L::ldk + c + e] = x;
-        if (a_t) a_t[(c + e) * L::ldv + r] = x;
-        if (b) b[r * L::ldk + c + e] = y;
-        if (b_t) b_t[(c + e) * L::ldv + r] = y;
-      }
+      store_bf16x4(a + r * L::ldk + c, qa[it]);
+      store_bf16x4(b + r * L::ldk + c, qb[it]);
     }
   });
 }
 
 // A lane's B fragment of columns n0..n0+7 and k-step k0..k0+15 from a shared tile whose row n
-// holds B's column n along k (K's rows for q k^T, V^T's rows for P v).
+// holds B's column n along k (B is the tile transposed: K's rows for q k^T, v's for dout v^T...).
 TRIDENT_HOST_DEVICE inline frag_b b_from(const std::uint16_t* tile_rows, int ld, int n0, int k0, int lane) {
   const std::uint16_t* row = tile_rows + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
   return frag_b{{load_pair(row), load_pair(row + 8)}};
+}
+// A lane's B fragment of columns n0..n0+7 and k-step k0..k0+15 from a shared tile whose row k
+// holds B's row k (B is the tile itself: V for P v, dout and q for dv and dk, k for dq): the pairs
+// along k are a column's, 2 rows apart. On the GPU one ldmatrix .x2 .trans, whose documented
+// result is this (thread l: matrix rows 2(l % 4), 2(l % 4) + 1 of column l / 4; lanes 0-15
+// address rows k0..k0+15 at column n0); on the host, the elements themselves.
+TRIDENT_HOST_DEVICE inline frag_b b_cols(const std::uint16_t* tile_rows, int ld, int n0, int k0, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const std::uint16_t* row = tile_rows + (k0 + lane % 16) * ld + n0;
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(row));
+  frag_b b;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b.r[0]), "=r"(b.r[1]) : "r"(addr));
+  return b;
+#else
+  const int g = lane / 4, t = lane % 4;
+  const std::uint16_t* col = tile_rows + n0 + g;
+  const int r = k0 + 2 * t;
+  return frag_b{{join(col[r * ld], col[(r + 1) * ld]), join(col[(r + 8) * ld], col[(r + 9) * ld])}};
+#endif
 }
 // A lane's A fragment of k-step k (columns 16k..16k+15) from C fragments c[2k], c[2k + 1] (the
 // same rows, columns 8 apart), rounded to bf16: P or dS feeding the next product.
@@ -223,8 +261,7 @@ TRIDENT_HOST_DEVICE void store_rows(const frag_c (&c)[D / 8], const problem& p, 
     const int i = row0 + g + 8 * half;
     if (i >= p.seq) continue;
     float* row = dst(i);
-    for (int n = 0; n < D / 8; ++n)
-      for (int e = 0; e < 2; ++e) row[8 * n + 2 * t + e] = c[n].v[2 * half + e] * factor;
+    for (int n = 0; n < D / 8; ++n) store_pair(row + 8 * n + 2 * t, c[n].v[2 * half] * factor, c[n].v[2 * half + 1] * factor);
   }
 }
 
@@ -238,7 +275,7 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
   using L = layout<D>;
   constexpr int ksteps = D / 16, ntiles = tile / 8, dtiles = D / 8;
   std::uint16_t* ks = smem;
-  std::uint16_t* vt = smem + L::k_elems;
+  std::uint16_t* vs = smem + L::k_elems;
   const int q0 = qt * tile;
   auto&& st = ex.template state<lane_state<D>>();  // the host's array, or the GPU thread's registers
 
@@ -259,10 +296,9 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * tile;
-    // K's rows as they are and V's transposed, rounded to bf16; zeros past seq.
+    // K's and V's rows, rounded to bf16; zeros past seq.
     detail::load_tiles<D>(
-        ex, p, k0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, ks, nullptr,
-        [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); }, nullptr, vt);
+        ex, p, k0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, ks, [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); }, vs);
     ex.sync();
     ex.warps([&](int w) {
       // S = q k^T: B's column n is key 8j + g, its k the head dimension, so a lane's pairs are
@@ -316,13 +352,13 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
         }
       });
       // o += P v, k-step k over keys 16k..16k+15: P's A fragment is the C fragments of key
-      // n-tiles 2k and 2k + 1; B's column n is dimension 8n + g, its k the key, adjacent in V^T.
+      // n-tiles 2k and 2k + 1; B is V's rows (k the key, n the dimension).
       for (int k = 0; k < tile / 16; ++k)
         for (int n = 0; n < dtiles; ++n)
           detail::mma(
               ex, [&](int lane) -> frag_c& { return st.at(w, lane).o[n]; },
               [&](int lane) { return detail::a_from(st.at(w, lane).s, k); },
-              [&](int lane) { return detail::b_from(vt, L::ldv, 8 * n, 16 * k, lane); });
+              [&](int lane) { return detail::b_cols(vs, L::ldk, 8 * n, 16 * k, lane); });
     });
     ex.sync();  // the next tile's loads overwrite K and V
   }
@@ -341,8 +377,7 @@ TRIDENT_HOST_DEVICE void forward_block(Exec& ex, const problem& p, std::uint16_t
         if (i >= p.seq) continue;
         const float l = s.part[half];
         float* row = p.out + p.out_at(i, bh);
-        for (int n = 0; n < dtiles; ++n)
-          for (int e = 0; e < 2; ++e) row[8 * n + 2 * t + e] = s.o[n].v[2 * half + e] / l;
+        for (int n = 0; n < dtiles; ++n) detail::store_pair(row + 8 * n + 2 * t, s.o[n].v[2 * half] / l, s.o[n].v[2 * half + 1] / l);
         if (t == 0) p.lse[p.row_at(i, bh)] = s.m[half] + detail::log_(l);
       }
     });
@@ -384,17 +419,17 @@ TRIDENT_HOST_DEVICE void two_products(Exec& ex, St& st, int w, const std::uint16
           [&](int lane) { return b_from(b, L::ldk, 8 * j, 16 * k, lane); });
     }
 }
-// acc[n] += A B over the tile's 64 columns: A's k-steps from the C fragments c (P or dS), B from
-// a transposed shared tile [D, ldv] (row n: B's column n along the tile's rows).
+// acc[n] += A B over the tile's 64 rows: A's k-steps from the C fragments c (P or dS), B the
+// shared tile's rows [64, ldk] (k the tile's row, n its column).
 TRIDENT_EXEC_CHECK_DISABLE
 template <int D, class Exec, class Acc, class C>
-TRIDENT_HOST_DEVICE void accumulate(Exec& ex, Acc&& acc, C&& c, const std::uint16_t* bt) {
+TRIDENT_HOST_DEVICE void accumulate(Exec& ex, Acc&& acc, C&& c, const std::uint16_t* rows) {
   using L = layout<D>;
   for (int k = 0; k < tile / 16; ++k)
     for (int n = 0; n < D / 8; ++n)
       mma(
           ex, [&](int lane) -> frag_c& { return acc(lane)[n]; }, [&](int lane) { return a_from(c(lane), k); },
-          [&](int lane) { return b_from(bt, L::ldv, 8 * n, 16 * k, lane); });
+          [&](int lane) { return b_cols(rows, L::ldk, 8 * n, 16 * k, lane); });
 }
 
 }  // namespace detail
@@ -409,10 +444,8 @@ TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, std::uint
   using L = layout<D>;
   constexpr int ntiles = tile / 8, dtiles = D / 8;
   std::uint16_t* q = smem;
-  std::uint16_t* q_t = q + L::k_elems;
-  std::uint16_t* g = q_t + L::v_elems;  // dout
-  std::uint16_t* g_t = g + L::k_elems;
-  float* lse = reinterpret_cast<float*>(g_t + L::v_elems);
+  std::uint16_t* g = q + L::k_elems;  // dout
+  float* lse = reinterpret_cast<float*>(g + L::k_elems);
   float* delta = lse + tile;
   const int k0 = kt * tile;
   auto&& st = ex.template state<backward_state<D>>();
@@ -428,8 +461,7 @@ TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, std::uint
   for (int qt = kt; qt * tile < p.seq; ++qt) {
     const int q0 = qt * tile;
     detail::load_tiles<D>(
-        ex, p, q0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 0); }, q, q_t, [&](int i) { return p.dout + p.out_at(i, bh); },
-        g, g_t);
+        ex, p, q0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 0); }, q, [&](int i) { return p.dout + p.out_at(i, bh); }, g);
     ex.each([&](int th) {
       if (th < tile) {
         const int i = q0 + th;
@@ -460,10 +492,10 @@ TRIDENT_HOST_DEVICE void backward_kv_block(Exec& ex, const problem& p, std::uint
       });
       detail::accumulate<D>(
           ex, [&](int lane) -> frag_c* { return st.at(w, lane).g2; }, [&](int lane) -> const frag_c* { return st.at(w, lane).s; },
-          g_t);  // dv += P^T dout
+          g);  // dv += P^T dout
       detail::accumulate<D>(
           ex, [&](int lane) -> frag_c* { return st.at(w, lane).g1; }, [&](int lane) -> const frag_c* { return st.at(w, lane).dp; },
-          q_t);  // dk += dS^T q
+          q);  // dk += dS^T q
     });
     ex.sync();  // the next query tile's loads overwrite these
   }
@@ -485,8 +517,7 @@ TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, std::uint1
   using L = layout<D>;
   constexpr int ntiles = tile / 8, dtiles = D / 8;
   std::uint16_t* k = smem;
-  std::uint16_t* k_t = k + L::k_elems;
-  std::uint16_t* v = k_t + L::v_elems;
+  std::uint16_t* v = k + L::k_elems;
   const int q0 = qt * tile;
   auto&& st = ex.template state<backward_state<D>>();
   ex.warps([&](int w) {
@@ -506,8 +537,7 @@ TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, std::uint1
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * tile;
     detail::load_tiles<D>(
-        ex, p, k0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, k, k_t, [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); },
-        v, nullptr);
+        ex, p, k0, [&](int i) { return p.qkv + p.qkv_at(i, bh, 1); }, k, [&](int i) { return p.qkv + p.qkv_at(i, bh, 2); }, v);
     ex.sync();
     ex.warps([&](int w) {
       detail::two_products<D>(ex, st, w, k, v);  // S = q k^T, dP = dout v^T
@@ -528,7 +558,7 @@ TRIDENT_HOST_DEVICE void backward_q_block(Exec& ex, const problem& p, std::uint1
       });
       detail::accumulate<D>(
           ex, [&](int lane) -> frag_c* { return st.at(w, lane).g1; }, [&](int lane) -> const frag_c* { return st.at(w, lane).dp; },
-          k_t);  // dq += dS k
+          k);  // dq += dS k
     });
     ex.sync();
   }

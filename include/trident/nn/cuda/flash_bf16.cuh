@@ -16,7 +16,7 @@
 // rounded inputs; this file adds only the device's side of the Exec: a thread's registers as the
 // lane state, the mma instruction, the shuffles, the barriers. Backward in two deterministic
 // passes as nn::cuda::flash_attention's (dk and dv per key tile, dq per query tile), with dout, P
-// and dS rounded to bf16 too. Needs compute capability 8.0 or newer (bf16 mma.sync); 37 KiB of
+// and dS rounded to bf16 too. Needs compute capability 8.0 or newer (bf16 mma.sync, ldmatrix); 18.5 KiB of
 // shared memory per block at head_dim 64.
 //
 //   trident::nn::cuda::flash_attention_bf16 fa{.seq = 1024, .batch = 16, .heads = 12, .head_dim = 64};
