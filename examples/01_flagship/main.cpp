@@ -79,7 +79,7 @@ constexpr const char* usage = R"(usage: flagship [options]
   --attention standard|flash|flash_bf16   nccl: attention's core: the [seq, seq] probabilities
                          kept (standard, the default), or tiles keeping one value per row, on TF32
                          tensor cores (flash) or bf16 ones with the scores in registers
-                         (flash_bf16: 18% faster in bf16 on an H200); head_dim 32 or 64, compute capability 8.0+
+                         (flash_bf16: 15% faster in bf16 on an H200); head_dim 32 or 64, compute capability 8.0+
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --recompute none|selective|full   activations kept for backward: all; all but attention's
