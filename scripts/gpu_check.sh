@@ -146,6 +146,12 @@ for t in gpu_tids:
     print(names[t] + ":", len(spans), "GPU spans, after the host step began:", late)
     ok = ok and bool(spans) and late
 sys.exit(0 if ok else 1)' "$logs/flagship/trace.json"
+# In bf16 the default --attention auto picks the bf16 flash tiles (head_dim 128 / 4 = 32): the
+# banner names them, and the loss falls.
+[[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship --backend nccl bf16 auto" \
+  "grep -E 'bf16 tiles|loss .* ->' | tail -2" -- bash -c 'out=$(mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$0" --backend nccl \
+  --share-gpu --tensor 1 --pipeline 2 --zero 1 --precision bf16 --steps 40 --eval-every 0 --data "$1" --out "$2" 2>&1); rc=$?;
+  echo "$out"; [[ $rc -eq 0 ]] && grep -q "bf16 tiles" <<<"$out"' "$build/examples/01_flagship/flagship" "$kjv" "$logs/flagship_bf16"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 

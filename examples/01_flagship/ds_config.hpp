@@ -122,7 +122,7 @@ struct trident_config {
   std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb-h1, zb-h2
   bool sequence_parallel = false;
   std::string recompute = "none";  // none, selective, full (activation recomputation)
-  std::string attention = "standard";  // standard, flash (the GPU path's tiled attention)
+  std::string attention = "auto";  // auto, standard, flash, flash_bf16 (resolve_attention)
   model_config model;
   std::string train_data, val_data;
   std::int64_t steps = 100;
@@ -465,8 +465,8 @@ inline void parse_trident(const json& j, trident_config& t, std::vector<std::str
   }
   if (const json* v = find(s, "attention")) {
     t.attention = get_string(*v, "trident.attention");
-    TRIDENT_EXPECT(t.attention == "standard" || t.attention == "flash" || t.attention == "flash_bf16", "trident.attention: '",
-                   t.attention, "'; expected \"standard\", \"flash\" or \"flash_bf16\"");
+    TRIDENT_EXPECT(t.attention == "auto" || t.attention == "standard" || t.attention == "flash" || t.attention == "flash_bf16",
+                   "trident.attention: '", t.attention, "'; expected \"auto\", \"standard\", \"flash\" or \"flash_bf16\"");
   }
   if (const json* m = find(s, "model")) {
     const json& model = expect_object(*m, "trident.model");
@@ -839,6 +839,29 @@ inline void check_layout(const train_config& c, int world_size) {
   if (t.virtual_stages > 1 && t.schedule != "interleaved")
     fail("trident.virtual_stages ", t.virtual_stages, " needs trident.schedule \"interleaved\", got \"", t.schedule,
          "\"");
+}
+
+//! The attention a run gets: {flash_attention, flash_bf16} for `attention` (--attention or
+//! trident.attention) on `backend` in `precision`. "auto" (the default) is the bf16 tiles where
+//! they are the fastest and smallest choice (the GPU path in bf16, head_dim 32 or 64: on an H200
+//! GPT-2 124M's step 15% faster than the unfused attention's, 9 GiB less; bench/RESULTS.md), and
+//! the standard attention everywhere else (main.cpp also falls back to it on a GPU older than
+//! compute capability 8.0, which the tiles refuse). The flash choices are the GPU path's: asked of a host
+//! backend they are an error (the host blocks would run the tiles' emulation, for tests only).
+struct attention_choice {
+  bool flash = false, bf16 = false;
+};
+inline attention_choice resolve_attention(const std::string& attention, const std::string& backend, const std::string& precision,
+                                          std::size_t hidden, std::size_t heads) {
+  TRIDENT_EXPECT(attention == "auto" || attention == "standard" || attention == "flash" || attention == "flash_bf16",
+                 "flagship: attention ", attention, "; expected auto, standard, flash or flash_bf16");
+  if (attention == "auto") {
+    const bool tiles = heads > 0 && hidden % heads == 0 && (hidden / heads == 32 || hidden / heads == 64);
+    return backend == "nccl" && precision == "bf16" && tiles ? attention_choice{true, true} : attention_choice{};
+  }
+  TRIDENT_EXPECT(backend == "nccl" || attention == "standard", "flagship: attention ", attention, " is the GPU path's "
+                 "(--backend nccl); the ", backend, " backend runs the standard attention");
+  return {attention != "standard", attention == "flash_bf16"};
 }
 
 }  // namespace flagship

@@ -58,6 +58,7 @@ struct settings {
   std::string loss_csv, loss_svg;       // from a config, else in `out`
   flagship::train_options train;
   std::string precision = "fp32";  // fp32, bf16, fp16
+  std::string attention = "auto";  // --attention, trident.attention (flagship::resolve_attention)
   long warmup = 20;
   double min_lr_ratio = 0.1;
   std::vector<std::string> ignored;  // DeepSpeed keys of the config that trident does not use
@@ -76,10 +77,12 @@ constexpr const char* usage = R"(usage: flagship [options]
   --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
   --gemm fp32|tf32       nccl: the GEMMs' math (default: fp32 for fp32, tf32 tensor cores for
                          bf16; fp32 is the host's arithmetic)
-  --attention standard|flash|flash_bf16   nccl: attention's core: the [seq, seq] probabilities
-                         kept (standard, the default), or tiles keeping one value per row, on TF32
+  --attention auto|standard|flash|flash_bf16   attention's core: the [seq, seq] probabilities
+                         kept (standard), or (nccl) tiles keeping one value per row, on TF32
                          tensor cores (flash) or bf16 ones with the scores in registers
-                         (flash_bf16: 15% faster in bf16 on an H200); head_dim 32 or 64, compute capability 8.0+
+                         (flash_bf16: 15% faster in bf16 on an H200); head_dim 32 or 64, compute
+                         capability 8.0+. auto (the default): flash_bf16 for bf16 on nccl where
+                         head_dim is 32 or 64, else standard
   --steps N --micro-batch B --accumulation M --lr LR --warmup N --clip NORM --seed S
   --layers L --hidden H --heads A --seq T --sequence-parallel
   --recompute none|selective|full   activations kept for backward: all; all but attention's
@@ -186,8 +189,8 @@ void from_config(settings& s, const std::string& path, int world_size) {
   const auto& t = c.trident;
   o.model = {.vocab = t.model.vocab_size, .seq = t.model.seq_len, .hidden = t.model.hidden, .heads = t.model.heads,
              .layers = t.model.layers, .ffn = t.model.ffn, .sequence_parallel = t.sequence_parallel,
-             .recompute = flagship::parse_recompute(t.recompute), .flash_attention = t.attention.starts_with("flash"),
-             .flash_bf16 = t.attention == "flash_bf16"};
+             .recompute = flagship::parse_recompute(t.recompute)};
+  s.attention = t.attention;
   o.tensor = t.tensor_parallel;
   o.pipeline = t.pipeline_parallel;
   o.virtual_stages = t.virtual_stages;
@@ -313,12 +316,8 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--save-every") o.save_every = integer(a, v);
     else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v));
     else if (a == "--resume") o.resume = true;
-    else if (a == "--attention") {
-      TRIDENT_EXPECT(v == "standard" || v == "flash" || v == "flash_bf16", "flagship: --attention ", v,
-                     "; expected standard, flash or flash_bf16");
-      o.model.flash_attention = v != "standard";
-      o.model.flash_bf16 = v == "flash_bf16";
-    } else if (a == "--gemm") {
+    else if (a == "--attention") s.attention = v;
+    else if (a == "--gemm") {
       using trident::nn::gemm_math;
       TRIDENT_EXPECT(v == "fp32" || v == "tf32", "flagship: --gemm ", v, "; expected fp32 or tf32");
       o.gpu_gemm = v == "fp32" ? gemm_math::fp32 : gemm_math::tf32;
@@ -327,6 +326,10 @@ settings build(const arguments& args, int world_size) {
   if (!schedule_given) default_schedule(s);
   TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16" || s.precision == "fp16",
                  "flagship: --precision ", s.precision, "; expected fp32, bf16 or fp16");
+  // The command line's or the config's attention, auto resolved for this run.
+  const auto attention = flagship::resolve_attention(s.attention, s.backend, s.precision, o.model.hidden, o.model.heads);
+  o.model.flash_attention = attention.flash;
+  o.model.flash_bf16 = attention.bf16;
   // Before the banner, which prints d = world / (t x p).
   TRIDENT_EXPECT(o.tensor >= 1 && o.pipeline >= 1 && world_size % (o.tensor * o.pipeline) == 0, "flagship: a world of ", world_size,
                  " ranks is not d x t x p for t = ", o.tensor, " and p = ", o.pipeline, "; expected a multiple of ",
@@ -425,11 +428,9 @@ int main(int argc, char** argv) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     TRIDENT_EXPECT(backend == "nccl" || option(args, "--gemm", "").empty(), "flagship: --gemm is the GPU path's (--backend nccl); "
                    "the ", backend, " backend computes its GEMMs in float");
-    const std::string attention = option(args, "--attention", "standard");
-    TRIDENT_EXPECT(attention == "standard" || attention == "flash" || attention == "flash_bf16", "flagship: --attention ",
-                   attention, "; expected standard, flash or flash_bf16");
-    TRIDENT_EXPECT(backend == "nccl" || attention == "standard", "flagship: --attention ", attention, " is the GPU path's "
-                   "(--backend nccl); the ", backend, " backend runs the standard attention");
+    // An unknown --attention, or a flash one off the GPU path, is named before anything starts
+    // on every backend (build() resolves it again with the config's and the model's settings).
+    (void)flagship::resolve_attention(option(args, "--attention", "auto"), backend, "", 0, 0);
     if (backend == "local") {
       const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
       TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);
@@ -467,6 +468,11 @@ int main(int argc, char** argv) {
       TRIDENT_EXPECT(devices > 0, "flagship: --backend nccl on rank ", rank, ": no CUDA device is visible (no GPU or no driver); "
                      "use --backend local or mpi here");
       TRIDENT_CUDA_CHECK(cudaSetDevice(share ? 0 : rank % devices));
+      if (s.attention == "auto" && s.train.model.flash_bf16) {  // auto's tiles need bf16 tensor cores (8.0+)
+        int major = 0;
+        TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, share ? 0 : rank % devices));
+        if (major < 8) s.train.model.flash_attention = s.train.model.flash_bf16 = false;
+      }
       auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});
       // MFU against the GPUs' measured GEMM rate in the run's math, summed over the ranks (ranks
       // sharing a GPU measure it at the same time, so their sum is about one GPU's).

@@ -397,10 +397,28 @@ TEST_CASE("ds_config: wrong types and values name the key and what was expected"
   CHECK_MESSAGE_HAS(with("trident", {{"recompute", "partial"}}), "trident.recompute: 'partial'; expected \"none\", \"selective\" or \"full\"");
   CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"recompute", "selective"}}}}, 1).trident.recompute == "selective");
   CHECK_MESSAGE_HAS(with("trident", {{"attention", "fused"}}),
-                    "trident.attention: 'fused'; expected \"standard\", \"flash\" or \"flash_bf16\"");
+                    "trident.attention: 'fused'; expected \"auto\", \"standard\", \"flash\" or \"flash_bf16\"");
   CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"attention", "flash"}}}}, 1).trident.attention == "flash");
   CHECK(parse_config(json{{"train_batch_size", 8}, {"trident", {{"attention", "flash_bf16"}}}}, 1).trident.attention == "flash_bf16");
-  CHECK(parse_config(json{{"train_batch_size", 8}}, 1).trident.attention == "standard");
+  CHECK(parse_config(json{{"train_batch_size", 8}}, 1).trident.attention == "auto");
+  {  // what auto (and each explicit choice) gives a run
+    using flagship::resolve_attention;
+    const auto is = [](flagship::attention_choice c, bool flash, bool bf16) { return c.flash == flash && c.bf16 == bf16; };
+    CHECK(is(resolve_attention("auto", "nccl", "bf16", 768, 12), true, true));  // GPT-2 124M on the GPU in bf16
+    CHECK(is(resolve_attention("auto", "nccl", "bf16", 64, 2), true, true));    // head_dim 32
+    CHECK(is(resolve_attention("auto", "nccl", "fp32", 768, 12), false, false));
+    CHECK(is(resolve_attention("auto", "nccl", "bf16", 96, 2), false, false));  // head_dim 48: no tiles for it
+    CHECK(is(resolve_attention("auto", "local", "bf16", 768, 12), false, false));
+    CHECK(is(resolve_attention("auto", "mpi", "bf16", 768, 12), false, false));
+    CHECK(is(resolve_attention("standard", "nccl", "bf16", 768, 12), false, false));
+    CHECK(is(resolve_attention("flash", "nccl", "fp32", 768, 12), true, false));
+    CHECK(is(resolve_attention("flash_bf16", "nccl", "fp32", 768, 12), true, true));
+    CHECK_THROWS_WITH_AS(resolve_attention("flash", "local", "fp32", 768, 12),
+                         doctest::Contains("attention flash is the GPU path's (--backend nccl); the local backend runs the standard"),
+                         trident::usage_error);
+    CHECK_THROWS_WITH_AS(resolve_attention("fused", "nccl", "bf16", 768, 12),
+                         doctest::Contains("attention fused; expected auto, standard, flash or flash_bf16"), trident::usage_error);
+  }
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "Lamb"}}), "optimizer.type: trident supports \"Adam\" and \"AdamW\"");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "got \"OneBitAdam\"");
   CHECK_MESSAGE_HAS(with("optimizer", {{"type", "Adam"}, {"params", {{"betas", {0.9}}}}}),
