@@ -467,10 +467,11 @@ int main(int argc, char** argv) {
       const int devices = trident::cuda_device_count();
       TRIDENT_EXPECT(devices > 0, "flagship: --backend nccl on rank ", rank, ": no CUDA device is visible (no GPU or no driver); "
                      "use --backend local or mpi here");
-      TRIDENT_CUDA_CHECK(cudaSetDevice(share ? 0 : rank % devices));
+      const int device = share ? 0 : rank % devices;
+      TRIDENT_CUDA_CHECK(cudaSetDevice(device));
       if (s.attention == "auto" && s.train.model.flash_bf16) {  // auto's tiles need bf16 tensor cores (8.0+)
         int major = 0;
-        TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, share ? 0 : rank % devices));
+        TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         if (major < 8) s.train.model.flash_attention = s.train.model.flash_bf16 = false;
       }
       auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});

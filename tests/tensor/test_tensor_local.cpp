@@ -159,6 +159,11 @@ TEST_CASE("transformer block with flash attention on the host: the GPU tiles' em
 TEST_CASE("transformer block: flash attention's head_dim and tile choice are checked, naming them") {
   local_world::run(1, [](local_comm& tp) {
     namespace tensor = trident::tensor;
+    tensor::transformer_block plain(tp, {.seq = 4, .batch = 1, .hidden = 64, .heads = 2}, "h0");
+    const tensor::transformer_block flash(tp, {.seq = 4, .batch = 1, .hidden = 64, .heads = 2, .flash_attention = true}, "h1");
+    CHECK_THROWS_WITH_AS(plain.share_backward_workspace(flash),
+                         doctest::Contains("h0: share_backward_workspace with h1, a block of other sizes (or attention"),
+                         trident::usage_error);
     CHECK_THROWS_WITH_AS(tensor::transformer_block(tp, {.seq = 4, .batch = 1, .hidden = 48, .heads = 1, .flash_attention = true}),
                          doctest::Contains("flash attention takes head_dim 32 or 64; hidden 48 over 1 heads is 48"),
                          trident::usage_error);

@@ -207,8 +207,9 @@ class transformer_block {
   void share_backward_workspace(const transformer_block& other) {
     TRIDENT_EXPECT(other.c_.seq == c_.seq && other.c_.batch == c_.batch && other.c_.hidden == c_.hidden &&
                        other.c_.ffn == c_.ffn && other.c_.heads == c_.heads && other.parts_ == parts_ &&
-                       other.c_.sequence_parallel == c_.sequence_parallel,
-                   name_, ": share_backward_workspace with ", other.name_, ", a block of other sizes");
+                       other.c_.sequence_parallel == c_.sequence_parallel && other.c_.flash_attention == c_.flash_attention,
+                   name_, ": share_backward_workspace with ", other.name_, ", a block of other sizes (or attention: flash "
+                   "attention's row sums live there)");
     other.scratch();
     backward_ws_ = other.backward_ws_;
   }
