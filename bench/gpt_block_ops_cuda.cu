@@ -1,7 +1,8 @@
 // One GPT-2 block's operations on the GPU, each timed alone: where bench/gpt_cuda's "blocks
 // forward" and "blocks backward" go. GPT-2 124M's block by default (B = 16, T = 1024, 768 wide,
 // 12 heads, MLP 3072), the nn::cuda layers the flagship's blocks run (tensor::cuda's block with
-// t = 1 calls exactly these), in FP32 and TF32 GEMM math:
+// t = 1 calls exactly these), in FP32, TF32 and bf16 GEMM math (bf16: each GEMM rounds its float
+// operands to bf16 first; also the rounding alone and a GEMM on operands already in bf16):
 //
 //   ./gpt_block_ops_cuda [batch] [seq]
 //
@@ -91,10 +92,23 @@ int main(int argc, char** argv) {
            nn::cuda::activation_backward<nn::gelu>(fc1.device_handle(), dffn.device_handle(), gelu.device_handle(), nullptr);
          }, reps), 3 * nf * f4, 0);
     line("residual add", time_ms([&] { nn::cuda::add_to(dy.device_handle(), y.device_handle(), nullptr); }, reps), 3 * nh * f4, 0);
-    for (const nn::gemm_math math : {nn::gemm_math::fp32, nn::gemm_math::tf32}) {
+    for (const nn::gemm_math math : {nn::gemm_math::fp32, nn::gemm_math::tf32, nn::gemm_math::bf16}) {
       nn::cublas_handle blas;
-      blas.set_math(math);
+      if (math == nn::gemm_math::bf16) nn::cuda::use_bf16_gemm(blas);  // each call rounds its operands first
+      else blas.set_math(math);
       std::printf(" %s GEMMs\n", nn::name(math));
+      if (math == nn::gemm_math::bf16) {
+        // What the rounding costs, and the GEMM it feeds with its operands already bf16 in memory
+        // (activations kept in bf16 would skip the rounding).
+        buffer<trident::bf16, cuda_space> x16(n * h), w16(ffn * h), y16(n * ffn);
+        trident::fill_zero(x16);
+        trident::fill_zero(w16);
+        line("rounding fc1's output to bf16", time_ms([&] { nn::cuda::round_to_bf16(fc1.data(), y16.data(), n * ffn, nullptr); }, reps),
+             nf * (f4 + 2), 0);
+        line("fc1 forward on bf16 operands in memory, no bias", time_ms([&] {
+               nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::t, n, ffn, h, 1.0f, x16.data(), h, w16.data(), h, 0.0f, fc1.data(), ffn);
+             }, reps), 0, 2 * dn * dh * df);
+      }
       line("QKV forward (GEMM + bias)", time_ms([&] {
              qkv_layer.forward(blas, nullptr, n, ln_out.device_handle(), w_qkv.device_handle(), b_qkv.device_handle(), qkv.device_handle());
            }, reps), 0, 2 * dn * dh * 3 * dh);

@@ -3,13 +3,15 @@
 // NCCL rank; forward, backward and the fused AdamW step with clipping, as flagship::train runs
 // them. Against bench/gpt_torch_gpu.py, the same model in PyTorch on the same GPU
 // (scripts/gpu_check.sh runs both):
-//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32 | --bf16] [--flash | --flash-bf16]
+//   mpirun -np 1 gpt_cuda [batch] [layers] [steps] [--tf32 | --bf16] [--gemm-bf16] [--flash | --flash-bf16]
 // Tokens are random (speed does not depend on them). The time is wall time per step over
 // `steps` steps after two warm-up steps; each step ends with the host reading the loss, as the
 // trainer does. --tf32 switches the model's GEMMs to TF32 tensor cores (not bitwise reproducible
 // against the host; the library's default is FP32). --bf16 trains in bf16 as the flagship's
 // --precision bf16 does on the GPU (mixed_precision<bf16>: bf16 working weights and gradients,
 // TF32 GEMMs; activations still float), the mode torch.compile's bf16 autocast is compared with.
+// --gemm-bf16 runs the GEMMs on operands rounded to bf16 instead (gemm_math::bf16, the
+// flagship's --gemm bf16: bf16 tensor cores, float results, autocast's arithmetic).
 // --flash runs the attention as nn::cuda::flash_attention (TF32 tiles, no [T, T] probabilities;
 // the flagship's --attention flash); --flash-bf16 as nn::cuda::flash_attention_bf16 (bf16 tiles,
 // scores in registers; --attention flash_bf16). Then the time of each phase of forward and backward (CUDA
@@ -91,23 +93,26 @@ int main(int argc, char** argv) {
   try {
     ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
     TRIDENT_CUDA_CHECK(cudaSetDevice(0));
-    bool tf32 = false, bf16 = false, flash = false, flash_bf16 = false;
+    bool tf32 = false, bf16 = false, gemm_bf16 = false, flash = false, flash_bf16 = false;
     std::vector<std::size_t> positional;
     for (int i = 1; i < argc; ++i) {
       if (std::strcmp(argv[i], "--tf32") == 0) tf32 = true;
       else if (std::strcmp(argv[i], "--bf16") == 0) bf16 = true;
+      else if (std::strcmp(argv[i], "--gemm-bf16") == 0) gemm_bf16 = true;
       else if (std::strcmp(argv[i], "--flash") == 0) flash = true;
       else if (std::strcmp(argv[i], "--flash-bf16") == 0) flash = flash_bf16 = true;
       else positional.push_back(static_cast<std::size_t>(std::strtoull(argv[i], nullptr, 10)));
     }
     TRIDENT_EXPECT(!(tf32 && bf16), "gpt_cuda: --tf32 or --bf16, not both");
+    TRIDENT_EXPECT(!(tf32 && gemm_bf16), "gpt_cuda: --tf32 or --gemm-bf16 (the GEMMs' math), not both");
     auto arg = [&](std::size_t i, std::size_t fallback) { return positional.size() > i ? positional[i] : fallback; };
     const std::size_t batch = arg(0, 16), layers = arg(1, 12), steps = arg(2, 5);
     auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = true});
     TRIDENT_EXPECT(world.size() == 1, "gpt_cuda: one rank (mpirun -np 1); got ", world.size());
     using trident::nn::gemm_math;
-    if (bf16) run<trident::mixed_precision<trident::bf16>>(world, batch, layers, steps, gemm_math::tf32, flash, flash_bf16);
-    else run<trident::full_precision>(world, batch, layers, steps, tf32 ? gemm_math::tf32 : gemm_math::fp32, flash, flash_bf16);
+    const gemm_math math = gemm_bf16 ? gemm_math::bf16 : tf32 || bf16 ? gemm_math::tf32 : gemm_math::fp32;
+    if (bf16) run<trident::mixed_precision<trident::bf16>>(world, batch, layers, steps, math, flash, flash_bf16);
+    else run<trident::full_precision>(world, batch, layers, steps, math, flash, flash_bf16);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_cuda: %s\n", e.what());
     failed = 1;

@@ -152,6 +152,11 @@ sys.exit(0 if ok else 1)' "$logs/flagship/trace.json"
   "grep -E 'bf16 tiles|loss .* ->' | tail -2" -- bash -c 'out=$(mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$0" --backend nccl \
   --share-gpu --tensor 1 --pipeline 2 --zero 1 --precision bf16 --steps 40 --eval-every 0 --data "$1" --out "$2" 2>&1); rc=$?;
   echo "$out"; [[ $rc -eq 0 ]] && grep -q "bf16 tiles" <<<"$out"' "$build/examples/01_flagship/flagship" "$kjv" "$logs/flagship_bf16"
+# --gemm bf16: the banner names the math, and the loss falls.
+[[ -x $build/examples/01_flagship/flagship && -f ${kjv}_train.bin ]] && step "example flagship --backend nccl bf16 --gemm bf16" \
+  "grep -E 'GEMMs bf16|loss .* ->' | tail -2" -- bash -c 'out=$(mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$0" --backend nccl \
+  --share-gpu --tensor 2 --pipeline 1 --zero 2 --precision bf16 --gemm bf16 --steps 40 --eval-every 0 --data "$1" --out "$2" 2>&1);
+  rc=$?; echo "$out"; [[ $rc -eq 0 ]] && grep -q "GEMMs bf16" <<<"$out"' "$build/examples/01_flagship/flagship" "$kjv" "$logs/flagship_gemm_bf16"
 [[ -x $build/examples/02_zero/zero_mlp ]] && step "example zero_mlp --backend nccl" "tail -2" -- \
   mpirun -np 2 --oversubscribe -x NCCL_SOCKET_IFNAME "$build/examples/02_zero/zero_mlp" --backend nccl --share-gpu
 
@@ -186,9 +191,12 @@ done
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash
 [[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16 flash_bf16" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash-bf16
+# ... and with bf16 GEMMs (operands rounded to bf16: gemm_math::bf16, the flagship's --gemm bf16)
+[[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16 flash_bf16 gemm bf16" "grep -E 'trident gpt on the GPU'" -- \
+  mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash-bf16 --gemm-bf16
 # ... and one of its blocks' operations, each timed alone
 # (the unfused attention's backward against the flash attention's forward and backward)
-[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)' | tail -5" -- \
+[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)|fc1 forward' | tail -8" -- \
   "$build/bench/gpt_block_ops_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"

@@ -247,8 +247,9 @@ class gpu_phases {
 //! in the optimizer, bf16 working weights and gradients): the kernels read float copies of the
 //! working weights (exact), and each layer's float gradients are added to the bf16 ones, rounded
 //! once, in gpt_rank's order, so the GPU run follows the host's. The GEMMs' math is the cuBLAS
-//! handle's (set_gemm_math): fp32 unless set (train_cuda sets TF32 for bf16). The activations
-//! stay float: GEMMs on bf16 operands, at bf16 tensor cores' speed, are the next step.
+//! handle's (set_gemm_math): fp32 unless set (train_cuda sets TF32 for bf16, or what --gemm
+//! asks). The activations stay float: gemm_math::bf16 rounds each GEMM's operands to bf16 on
+//! the way in (autocast's way); activations kept in bf16 are the next step.
 template <int Stage, class Opt = optimizer_type, class Precision = trident::full_precision>
 class gpt_cuda_rank {
  public:
@@ -406,8 +407,12 @@ class gpt_cuda_rank {
   bool owns(int k) const noexcept { return k % p_ == prank_; }
   //! The cuBLAS handle every GEMM of the model uses, with its math (fp32 unless set).
   trident::nn::blas_ref blas() const noexcept { return blas_; }
-  //! The math of the model's GEMMs from now on (nn/cuda/cublas.hpp): fp32 or tf32.
-  void set_gemm_math(trident::nn::gemm_math m) noexcept { blas_.set_math(m); }
+  //! The math of the model's GEMMs from now on (nn/cuda/cublas.hpp): fp32, tf32, or bf16 (the
+  //! operands rounded to bf16 for bf16 tensor cores, float results: nn::cuda::use_bf16_gemm).
+  void set_gemm_math(trident::nn::gemm_math m) {
+    if (m == trident::nn::gemm_math::bf16) trident::nn::cuda::use_bf16_gemm(blas_);
+    else blas_.set_math(m);
+  }
   //! The phases of forward and backward (NVTX ranges; CUDA-event times when enabled).
   gpu_phases& phases() noexcept { return phases_; }
   //! A timeline of the phases from here, for a trace (gpu_phases::start_timeline on the compute

@@ -75,8 +75,9 @@ constexpr const char* usage = R"(usage: flagship [options]
                          the options below override it
   --tensor T --pipeline P --virtual V --schedule gpipe|1f1b|interleaved --zero 0..3
   --precision fp32|bf16|fp16   working weights and gradients (fp32 master weights otherwise)
-  --gemm fp32|tf32       nccl: the GEMMs' math (default: fp32 for fp32, tf32 tensor cores for
-                         bf16; fp32 is the host's arithmetic)
+  --gemm fp32|tf32|bf16  nccl: the GEMMs' math (default: fp32 for fp32, tf32 tensor cores for
+                         bf16; fp32 is the host's arithmetic; bf16 rounds the operands to bf16
+                         for bf16 tensor cores, float results, as PyTorch's autocast)
   --attention auto|standard|flash|flash_bf16   attention's core: the [seq, seq] probabilities
                          kept (standard), or (nccl) tiles keeping one value per row, on TF32
                          tensor cores (flash) or bf16 ones with the scores in registers
@@ -319,8 +320,8 @@ settings build(const arguments& args, int world_size) {
     else if (a == "--attention") s.attention = v;
     else if (a == "--gemm") {
       using trident::nn::gemm_math;
-      TRIDENT_EXPECT(v == "fp32" || v == "tf32", "flagship: --gemm ", v, "; expected fp32 or tf32");
-      o.gpu_gemm = v == "fp32" ? gemm_math::fp32 : gemm_math::tf32;
+      TRIDENT_EXPECT(v == "fp32" || v == "tf32" || v == "bf16", "flagship: --gemm ", v, "; expected fp32, tf32 or bf16");
+      o.gpu_gemm = v == "fp32" ? gemm_math::fp32 : v == "tf32" ? gemm_math::tf32 : gemm_math::bf16;
     }
   }
   if (!schedule_given) default_schedule(s);
@@ -357,9 +358,13 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   const auto& o = s.train;
   const bool speaker = world.rank() == 0;
   const int d = world.size() / (o.tensor * o.pipeline);
+  // The GPU path's GEMM math (run()'s default: fp32 for fp32, TF32 tensor cores for bf16).
+  const std::string gemm = s.backend != "nccl" ? ""
+                           : std::string(", GEMMs ") + trident::nn::name(o.gpu_gemm.value_or(
+                                 s.precision == "bf16" ? trident::nn::gemm_math::tf32 : trident::nn::gemm_math::fp32));
   if (speaker)
     std::printf("trident %s flagship: GPT %zu layers, hidden %zu, %zu heads, seq %zu, vocab %zu = %.2fM parameters\n"
-                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s%s\n"
+                "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s%s%s\n"
                 "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, warm-up %ld, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
                 static_cast<double>(o.model.parameters()) / 1e6, world.size(),
@@ -369,7 +374,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
                 o.model.recompute == flagship::recompute_mode::none ? "" : ", recompute ",
                 o.model.recompute == flagship::recompute_mode::none ? "" : flagship::name_of(o.model.recompute),
                 o.model.flash_bf16 ? ", flash attention (bf16 tiles)" : o.model.flash_attention ? ", flash attention" : "",
-                d * o.accumulation, o.micro_batch,
+                gemm.c_str(), d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
                 static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {
@@ -481,7 +486,8 @@ int main(int argc, char** argv) {
       double peak = flagship::cuda::gpu_gemm_flops(math);
       MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       run(world, s, peak, [bf16 = s.precision == "bf16"](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
-        // bf16: bf16 working weights and gradients, GEMMs on TF32 tensor cores (gpt_cuda.cuh).
+        // bf16: bf16 working weights and gradients, GEMMs on TF32 tensor cores unless --gemm says
+        // otherwise (gpt_cuda.cuh).
         return bf16 ? flagship::cuda::train_on_gpus<trident::mixed_precision<trident::bf16>>(w, o, on_step)
                     : flagship::cuda::train_on_gpus(w, o, on_step);
       });

@@ -21,10 +21,20 @@ double gpu_gemm_flops(trident::nn::gemm_math math) {
       c(n * n, trident::mem_category::other);
   trident::fill_zero(a);
   trident::fill_zero(b);
+  // bf16: the tensor cores' rate on bf16 operands in memory, without gemm_math::bf16's rounding
+  // passes, which the model's time pays and its MFU therefore shows.
+  const bool bf16 = math == trident::nn::gemm_math::bf16;
+  trident::buffer<trident::bf16, trident::cuda_space> a16(bf16 ? n * n : 0, trident::mem_category::other),
+      b16(bf16 ? n * n : 0, trident::mem_category::other);
+  trident::fill_zero(a16);
+  trident::fill_zero(b16);
   trident::nn::cublas_handle blas;
-  blas.set_math(math);
+  if (!bf16) blas.set_math(math);
   namespace nn = trident::nn;
-  auto once = [&] { nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::n, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  auto once = [&] {
+    if (bf16) nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::n, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c.data(), n);
+    else nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::n, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  };
   once();  // cuBLAS's first call chooses and loads its kernel
   cudaEvent_t start = nullptr, stop = nullptr;
   TRIDENT_CUDA_CHECK(cudaEventCreate(&start));

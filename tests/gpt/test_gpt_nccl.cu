@@ -195,7 +195,7 @@ TEST_CASE("gpt on the GPU: validation equals the host's; saved, resumed equals s
   w.barrier();
 }
 
-TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its first step to float rounding), FP32 and TF32 GEMMs") {
+TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its first step to float rounding), FP32, TF32 and bf16 GEMMs") {
   auto& w = *world;
   using bf16_precision = trident::mixed_precision<trident::bf16>;
   // The host's run of `o` on the same grid of thread ranks (in this process): the same layers,
@@ -227,20 +227,28 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
     const auto exact = flagship::cuda::train_on_gpus<bf16_precision>(w, o);
     o.gpu_gemm.reset();  // bf16's own: TF32 tensor cores
     const auto fast = flagship::cuda::train_on_gpus<bf16_precision>(w, o);
+    o.gpu_gemm = trident::nn::gemm_math::bf16;  // --gemm bf16: every GEMM's operands rounded to bf16
+    const auto halves = flagship::cuda::train_on_gpus<bf16_precision>(w, o);
     REQUIRE(exact.size() == want.size());
     REQUIRE(fast.size() == want.size());
+    REQUIRE(halves.size() == want.size());
     const double first = gpt_suite::relative(exact[0].loss, want[0].loss), first_fp32 = gpt_suite::relative(want[0].loss, fp32[0].loss);
-    double worst = 0, worst_fast = 0, gemm_moved = 0;
+    double worst = 0, worst_fast = 0, worst_halves = 0, gemm_moved = 0, halves_moved = 0;
     for (std::size_t s = 0; s < want.size(); ++s) {
       INFO("(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), v = ", l.v, ", ZeRO-", l.zero, ", step ", s + 1, ": bf16 on the GPU ", exact[s].loss,
-           " (TF32 GEMMs ", fast[s].loss, "), the host's bf16 ", want[s].loss, ", fp32 ", fp32[s].loss);
+           " (TF32 GEMMs ", fast[s].loss, ", bf16 GEMMs ", halves[s].loss, "), the host's bf16 ", want[s].loss, ", fp32 ", fp32[s].loss);
       CHECK(std::isfinite(fast[s].loss));
+      CHECK(std::isfinite(halves[s].loss));
       worst = std::max(worst, gpt_suite::relative(exact[s].loss, want[s].loss));
       worst_fast = std::max(worst_fast, gpt_suite::relative(fast[s].loss, want[s].loss));
+      worst_halves = std::max(worst_halves, gpt_suite::relative(halves[s].loss, want[s].loss));
       gemm_moved = std::max(gemm_moved, std::abs(fast[s].loss - exact[s].loss));
+      halves_moved = std::max(halves_moved, std::abs(halves[s].loss - fast[s].loss));
     }
+    const double first_halves = gpt_suite::relative(halves[0].loss, want[0].loss);
     INFO("(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), v = ", l.v, ": step 1 from the host's bf16 loss ", first, " (bf16 from fp32 there ",
-         first_fp32, "); over 20 steps ", worst, " (TF32 GEMMs ", worst_fast, ")");
+         first_fp32, ", bf16 GEMMs ", first_halves, "); over 20 steps ", worst, " (TF32 GEMMs ", worst_fast, ", bf16 GEMMs ",
+         worst_halves, ")");
     CHECK(first <= 1e-5);                  // the same bf16 weights' forward
     CHECK(first_fp32 > 10 * first);        // which are not fp32's
     CHECK(gpt_suite::relative(exact[0].grad_norm, want[0].grad_norm) <= 1e-3);  // the bf16 gradients
@@ -248,9 +256,17 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
     CHECK(worst_fast <= 3e-2);  // TF32's rounding of the GEMMs' operands too: gpt.precision's bf16-to-fp32 bound
     if (major >= 8) CHECK(gemm_moved > 0);  // the tensor cores ran (cuBLAS computes in FP32 before sm_80)
     CHECK(fast.back().loss < fast.front().loss - 0.5);
+    // bf16 GEMMs round the activations and gradients they multiply too (2^-9 against TF32's
+    // 2^-11): the first loss to bf16's rounding of a forward, the run within twice TF32's bound.
+    // These bounds are set from the rounding, not yet from a measurement.
+    CHECK(first_halves <= 1e-2);
+    CHECK(worst_halves <= 6e-2);
+    if (major >= 8) CHECK(halves_moved > 0);  // not the TF32 run
+    CHECK(halves.back().loss < halves.front().loss - 0.5);
     if (w.rank() == 0)
-      std::printf("gpt.nccl bf16: (d, t, p) = (%d, %d, %d), v = %d: step 1 from the host's bf16 %.3g (bf16 from fp32 %.3g); 20 steps "
-                  "%.3g (FP32 GEMMs), %.3g (TF32 GEMMs)\n", d, l.t, l.p, l.v, first, first_fp32, worst, worst_fast);
+      std::printf("gpt.nccl bf16: (d, t, p) = (%d, %d, %d), v = %d: step 1 from the host's bf16 %.3g (bf16 from fp32 %.3g, bf16 "
+                  "GEMMs %.3g); 20 steps %.3g (FP32 GEMMs), %.3g (TF32 GEMMs), %.3g (bf16 GEMMs)\n", d, l.t, l.p, l.v, first,
+                  first_fp32, first_halves, worst, worst_fast, worst_halves);
   }
 }
 

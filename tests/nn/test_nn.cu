@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -156,6 +157,151 @@ TEST_CASE("cuda::gemm and gemm_strided_batched in tf32 math: tensor cores on TF3
   // A raw handle is FP32 math; a cublas_handle carries its own.
   CHECK(nn::blas_ref(blas.get()).math == nn::gemm_math::fp32);
   CHECK(nn::blas_ref(blas).math == nn::gemm_math::tf32);
+}
+
+TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.hpp rounds, bf16 tensor cores, float sums") {
+  // Asking for bf16 without the rounding kernel is refused by name (cublas.hpp is host code).
+  nn::cublas_handle blas;
+  try {
+    blas.set_math(nn::gemm_math::bf16);
+    FAIL("expected set_math(bf16) without a rounding kernel to be refused");
+  } catch (const trident::usage_error& e) {
+    CHECK(std::string(e.what()).find("use_bf16_gemm") != std::string::npos);
+  }
+  CHECK(blas.math() == nn::gemm_math::fp32);
+
+  // The rounding kernel: the host's bits for every value, on the 4-wide path (aligned, a tail of
+  // 3) and the one-at-a-time one (an odd offset), specials included.
+  std::vector<float> values = random_vector(4099, 21, -3.0f, 3.0f);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-42f, 3.3895314e38f, 1.00390625f,
+                            1.01171875f, 1.0f + 1.0f / 256.0f + 1.0f / 65536.0f, std::numeric_limits<float>::max()};
+  std::copy(std::begin(specials), std::end(specials), values.begin() + 100);
+  auto d_values = to_device(values);
+  buffer<trident::bf16, cuda_space> rounded(values.size());
+  for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+    const std::size_t count = values.size() - offset;
+    nn::cuda::round_to_bf16(d_values.data() + offset, rounded.data(), count, nullptr);
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = trident::to_vector(rounded);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) wrong += got[i].bits() != trident::bf16(values[i + offset]).bits();
+    INFO("offset ", offset, ": ", wrong, " of ", count, " roundings differ from the host's");
+    CHECK(wrong == 0);
+  }
+
+  // GEMMs: within float summation of the host's product of the rounded operands, and (sm_80+:
+  // bf16 tensor cores) much further from the product of the operands as they are. Transposed
+  // operands with padded leading dimensions round only the memory the matrices span.
+  auto rounded_copy = [](std::vector<float> v) {
+    for (auto& x : v) x = static_cast<float>(trident::bf16(x));
+    return v;
+  };
+  auto worst = [](const std::vector<float>& x, const std::vector<float>& y) {
+    double w = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) w = std::max(w, std::abs(static_cast<double>(x[i]) - y[i]));
+    return w;
+  };
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  nn::cuda::use_bf16_gemm(blas);
+  CHECK(blas.math() == nn::gemm_math::bf16);
+  CHECK(nn::blas_ref(blas).math == nn::gemm_math::bf16);
+  const std::size_t m = 64, n = 48, k = 320;
+  for (const nn::op op_a : {nn::op::n, nn::op::t})
+    for (const nn::op op_b : {nn::op::n, nn::op::t}) {
+      // Stored shapes: A [m, k] or [k, m], B [k, n] or [n, k], each row padded by 3.
+      const std::size_t a_rows = op_a == nn::op::n ? m : k, a_cols = op_a == nn::op::n ? k : m, lda = a_cols + 3;
+      const std::size_t b_rows = op_b == nn::op::n ? k : n, b_cols = op_b == nn::op::n ? n : k, ldb = b_cols + 3;
+      const auto a = random_vector(a_rows * lda, 22), b = random_vector(b_rows * ldb, 23), c0 = random_vector(m * n, 24);
+      auto exact = c0, want = c0;
+      nn::gemm(op_a, op_b, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, exact.data(), n);
+      const auto ra = rounded_copy(a), rb = rounded_copy(b);
+      nn::gemm(op_a, op_b, m, n, k, 0.5f, ra.data(), lda, rb.data(), ldb, 2.0f, want.data(), n);
+      auto da = to_device(a), db = to_device(b), dc = to_device(c0);
+      nn::cuda::gemm(blas, nullptr, op_a, op_b, m, n, k, 0.5f, da.data(), lda, db.data(), ldb, 2.0f, dc.data(), n);
+      TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = trident::to_vector(dc);
+      INFO("op_a ", op_a == nn::op::n ? "n" : "t", ", op_b ", op_b == nn::op::n ? "n" : "t", ": from the rounded operands' product ",
+           worst(got, want), ", from the exact one ", worst(got, exact));
+      CHECK(worst(got, want) <= 1e-4);
+      if (major >= 8) CHECK(worst(got, exact) > 10 * worst(got, want));
+      // bf16 operands in memory directly: the same product.
+      buffer<trident::bf16, cuda_space> a16(a.size()), b16(b.size());
+      nn::cuda::round_to_bf16(da.data(), a16.data(), a.size(), nullptr);
+      nn::cuda::round_to_bf16(db.data(), b16.data(), b.size(), nullptr);
+      auto dc2 = to_device(c0);
+      nn::cuda::gemm(blas, nullptr, op_a, op_b, m, n, k, 0.5f, a16.data(), lda, b16.data(), ldb, 2.0f, dc2.data(), n);
+      TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+      CHECK(worst(trident::to_vector(dc2), got) <= 1e-5);
+    }
+  // The scratch held both operands of the largest GEMM, as `other` memory; it does not grow again.
+  const std::size_t scratch = blas.bf16_scratch_bytes();
+  CHECK(scratch >= sizeof(trident::bf16) * ((k - 1) * (m + 3) + m + (k - 1) * (n + 3) + n));
+  {
+    const auto a = random_vector(m * k, 25), b = random_vector(k * n, 26);
+    auto da = to_device(a), db = to_device(b);
+    buffer<float, cuda_space> dc(m * n);
+    nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::n, m, n, k, 1.0f, da.data(), k, db.data(), n, 0.0f, dc.data(), n);
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(blas.bf16_scratch_bytes() == scratch);
+
+    // A raw handle has no rounding kernel: bf16 math through it is refused by name; the fused
+    // bias declines (gemm then says why).
+    try {
+      nn::cuda::gemm(nn::blas_ref{blas.get(), nn::gemm_math::bf16}, nullptr, nn::op::n, nn::op::n, m, n, k, 1.0f, da.data(), k,
+                     db.data(), n, 0.0f, dc.data(), n);
+      FAIL("expected bf16 math through a raw handle to be refused");
+    } catch (const trident::usage_error& e) {
+      CHECK(std::string(e.what()).find("raw cublasHandle_t") != std::string::npos);
+    }
+    CHECK_FALSE(nn::cuda::gemm_bias(nn::blas_ref{blas.get(), nn::gemm_math::bf16}, nullptr, m, n, k, da.data(), db.data(), da.data(),
+                                    dc.data()));
+
+    // Attention's strided batched products stay TF32 under bf16 math: closer to the TF32
+    // operands' product than to the bf16 ones'.
+    if (major >= 8) {
+      const auto tf32 = [](float v) {
+        const auto bits = trident::detail::bit_cast<std::uint32_t>(v);
+        return trident::detail::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);
+      };
+      std::vector<float> ta = a, tb = b, want_tf32(m * n, 0.0f), want_bf16(m * n, 0.0f);
+      for (auto& x : ta) x = tf32(x);
+      for (auto& x : tb) x = tf32(x);
+      nn::gemm(nn::op::n, nn::op::n, m, n, k, 1.0f, ta.data(), k, tb.data(), n, 0.0f, want_tf32.data(), n);
+      const auto ra = rounded_copy(a), rb = rounded_copy(b);
+      nn::gemm(nn::op::n, nn::op::n, m, n, k, 1.0f, ra.data(), k, rb.data(), n, 0.0f, want_bf16.data(), n);
+      nn::cuda::gemm_strided_batched(blas, nullptr, nn::op::n, nn::op::n, m, n, k, 1.0f, da.data(), k, m * k, db.data(), n, k * n,
+                                     0.0f, dc.data(), n, m * n, 1);
+      TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = trident::to_vector(dc);
+      CHECK(worst(got, want_tf32) < worst(got, want_bf16) / 4);
+    }
+  }
+
+  // A linear layer in bf16 math: forward (the bias fused in cuBLASLt's epilogue where it has an
+  // algorithm), dx and dW against the host's layer on the rounded operands, db from float dy.
+  const std::size_t batch = 40, in = 72, out = 24;
+  const nn::linear host_fc{.in_features = in, .out_features = out};
+  const nn::cuda::linear fc{.in_features = in, .out_features = out};
+  const auto x = random_vector(batch * in, 27), w = random_vector(out * in, 28), bias = random_vector(out, 29);
+  const auto dy = random_vector(batch * out, 30);
+  std::vector<float> y(batch * out), dx(batch * in), dw(out * in, 0.0f), db(out, 0.0f);
+  const auto rx = rounded_copy(x), rw = rounded_copy(w), rdy = rounded_copy(dy);
+  host_fc.forward(batch, rx, rw, bias, y);
+  host_fc.backward(batch, rx, rw, rdy, dx, dw, {});
+  std::vector<float> unused(out * in, 0.0f);
+  host_fc.backward(batch, x, w, dy, {}, unused, db);
+  auto d_x = to_device(x), d_w = to_device(w), d_b = to_device(bias), d_dy = to_device(dy);
+  auto d_dw = to_device(std::vector<float>(out * in, 0.0f)), d_db = to_device(std::vector<float>(out, 0.0f));
+  buffer<float, cuda_space> d_y(batch * out), d_dx(batch * in);
+  fc.forward(blas, nullptr, batch, d_x.device_handle(), d_w.device_handle(), d_b.device_handle(), d_y.device_handle());
+  fc.backward(blas, nullptr, batch, d_x.device_handle(), d_w.device_handle(), d_dy.device_handle(), d_dx.device_handle(),
+              d_dw.device_handle(), d_db.device_handle());
+  TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+  check_close(trident::to_vector(d_y), y, 1e-4, 1e-5, "bf16 y");
+  check_close(trident::to_vector(d_dx), dx, 1e-4, 1e-5, "bf16 dx");
+  check_close(trident::to_vector(d_dw), dw, 1e-4, 1e-5, "bf16 dW");
+  check_close(trident::to_vector(d_db), db, 2e-5, 1e-5, "db (float dy)");
 }
 
 TEST_CASE("cuda::linear matches nn::linear, accumulating dW and db like the host") {

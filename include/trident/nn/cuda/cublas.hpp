@@ -2,18 +2,24 @@
 //
 // Synopsis (only with TRIDENT_HAS_CUDA: link trident::cuda, or compile with nvcc)
 //   TRIDENT_CUBLAS_CHECK(call)             throws cublas_error naming the call when it fails
-//   enum class gemm_math { fp32, tf32 }    what a GEMM on float matrices computes in
+//   enum class gemm_math { fp32, tf32, bf16 }
+//                                          what a GEMM on float matrices computes in
 //   class cublas_handle;                   RAII cublasHandle_t, a cublasLtHandle_t and its 32 MiB
 //                                          workspace (`other` memory): move-only, FP32 math
-//     get(), operator cublasHandle_t(), lt(), workspace(), workspace_bytes(), math(), set_math()
-//   struct blas_ref { handle; math; lt; workspace; workspace_bytes; }
+//     get(), operator cublasHandle_t(), lt(), workspace(), workspace_bytes(), math(),
+//     set_math(m), set_math(gemm_math::bf16, rounding), bf16_scratch_bytes()
+//   struct blas_ref { handle; math; lt; workspace; workspace_bytes; bf16; }
 //                                          what the layers take: a handle and its GEMMs' math
-//                                          (from a cublas_handle: its math, cuBLASLt handle and
-//                                          workspace; a raw handle: fp32, no cuBLASLt)
+//                                          (from a cublas_handle: its math, cuBLASLt handle,
+//                                          workspace and bf16 operand scratch; a raw handle:
+//                                          fp32, no cuBLASLt)
 //   namespace trident::nn::cuda
 //     void gemm(blas_ref, cudaStream_t, op op_a, op op_b, m, n, k, float alpha,
 //               const float* a, lda, const float* b, ldb, float beta, float* c, ldc)
 //         row-major C[m, n] = alpha op(A) op(B) + beta C on the stream: nn::gemm's contract
+//     void gemm(blas_ref, cudaStream_t, op_a, op_b, m, n, k, alpha, const bf16* a, lda,
+//               const bf16* b, ldb, beta, float* c, ldc)
+//         the same on bf16 operands in memory: bf16 tensor cores, FP32 sums, a float C
 //     void gemm_strided_batched(blas_ref, stream, op_a, op_b, m, n, k, alpha, a, lda, stride_a,
 //               b, ldb, stride_b, beta, c, ldc, stride_c, count)
 //         the same for `count` problems, the i-th at a + i stride_a, b + i stride_b, c + i stride_c
@@ -35,21 +41,32 @@
 // Faster math is asked for, not defaulted: gemm_math::tf32 keeps float matrices in memory and
 // runs cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32, the operands rounded to TF32 on the
 // tensor cores and FP32 accumulation (PyTorch's allow_tf32). gemm_math::fp32 is plain
-// cublasSgemm. There is no bf16 math for float matrices: CUBLAS_COMPUTE_32F_FAST_16BF on them
-// gave an H100 TF32's results (the same errors to the last digit) at TF32's speed
-// (bench/RESULTS.md, 2026-11-26); bf16 tensor cores at their speed need bf16 operands in memory.
+// cublasSgemm. CUBLAS_COMPUTE_32F_FAST_16BF on float matrices gave an H100 TF32's results (the
+// same errors to the last digit) at TF32's speed (bench/RESULTS.md, 2026-11-26): bf16 tensor
+// cores at their speed need bf16 operands in memory. So gemm_math::bf16 rounds both float
+// operands to bf16 (to nearest, ties to even: core/half.hpp's rounding) into the handle's scratch
+// and runs cublasGemmEx on them with FP32 sums and a float C, what PyTorch's autocast to bf16
+// does to a matmul's inputs. Rounding is a kernel, and this header is host code, so the kernel
+// comes from a translation unit compiled with nvcc: nn::cuda::use_bf16_gemm(handle) in
+// nn/cuda/layers.cuh passes it to set_math. The scratch grows to the largest GEMM's operands
+// (`other` memory) at its first use, the stream synchronised first: run a step before capturing
+// a graph. Attention's strided batched products (gemm_strided_batched) stay TF32 under bf16:
+// their operands are strided views into a larger buffer, not worth rounding whole.
 #pragma once
 
 #include "trident/core/config.hpp"
 
 namespace trident::nn {
 
-//! What a GEMM on float matrices computes in: fp32 (cublasSgemm: FP32 products and sums) or
-//! tf32 (tensor cores on operands rounded to TF32, FP32 accumulation).
-enum class gemm_math { fp32, tf32 };
+//! What a GEMM on float matrices computes in: fp32 (cublasSgemm: FP32 products and sums), tf32
+//! (tensor cores on operands rounded to TF32, FP32 accumulation) or bf16 (the operands rounded to
+//! bf16 in memory, bf16 tensor cores, FP32 accumulation, a float result).
+enum class gemm_math { fp32, tf32, bf16 };
 
-//! The name of a gemm_math ("fp32", "tf32").
-inline const char* name(gemm_math m) noexcept { return m == gemm_math::tf32 ? "tf32" : "fp32"; }
+//! The name of a gemm_math ("fp32", "tf32", "bf16").
+inline const char* name(gemm_math m) noexcept {
+  return m == gemm_math::tf32 ? "tf32" : m == gemm_math::bf16 ? "bf16" : "fp32";
+}
 
 }  // namespace trident::nn
 
@@ -60,13 +77,16 @@ inline const char* name(gemm_math m) noexcept { return m == gemm_math::tf32 ? "t
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <source_location>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/half.hpp"
 #include "trident/nn/gemm.hpp"
 
 namespace trident {
@@ -90,11 +110,43 @@ inline void cublas_check(cublasStatus_t status, const char* operation,
 
 namespace trident::nn {
 
+//! Rounds `count` floats to bf16 (to nearest, ties to even) into `out`, enqueued on `stream`: a
+//! CUDA kernel's launch, which gemm_math::bf16 needs and host code cannot compile
+//! (nn::cuda::round_to_bf16 in nn/cuda/layers.cuh is one).
+using bf16_rounding = void (*)(const float* in, bf16* out, std::size_t count, cudaStream_t stream);
+
+namespace detail {
+
+// gemm_math::bf16's operands: the rounding kernel and device memory for the largest GEMM's two
+// operands so far. Owned by a cublas_handle (at a stable address: blas_refs point to it).
+struct bf16_operands {
+  bf16_rounding round = nullptr;
+  buffer<bf16, cuda_space> scratch;
+
+  // At least `count` elements. Growing frees the old memory once `stream`, the one stream that
+  // uses the handle at a time, has finished the GEMMs that read it.
+  bf16* reserve(std::size_t count, cudaStream_t stream) {
+    if (scratch.size() < count) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      TRIDENT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+      TRIDENT_EXPECT(capturing == cudaStreamCaptureStatusNone, "nn::cuda::gemm: gemm_math::bf16 needs ", count,
+                     " elements of operand scratch and has ", scratch.size(), " while the stream is captured into a "
+                     "graph; run the step once before capturing it");
+      TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      scratch = buffer<bf16, cuda_space>(count, mem_category::other);
+    }
+    return scratch.data();
+  }
+};
+
+}  // namespace detail
+
 //! An owned cuBLAS handle on the current device, in FP32 math mode; converts to cublasHandle_t.
 //!
 //!   trident::nn::cublas_handle blas;               // throws cublas_error without a usable GPU
 //!   trident::nn::cuda::gemm(blas, stream, op::n, op::t, m, n, k, 1, x, k, w, k, 0, y, n);
 //!   blas.set_math(trident::nn::gemm_math::tf32);   // later GEMMs through `blas` on TF32 tensor cores
+//!   trident::nn::cuda::use_bf16_gemm(blas);        // (nvcc, nn/cuda/layers.cuh) or on bf16 operands
 class cublas_handle {
  public:
   cublas_handle() {
@@ -108,6 +160,7 @@ class cublas_handle {
     // cuBLASLt's best Hopper kernels need a workspace (cuBLAS keeps one of this size itself);
     // accounted as `other` memory.
     workspace_ = buffer<std::byte, cuda_space>(lt_workspace_bytes, mem_category::other);
+    bf16_ = std::make_unique<detail::bf16_operands>();
   }
   //! The cuBLASLt workspace each handle holds (32 MiB).
   static constexpr std::size_t lt_workspace_bytes = std::size_t{32} << 20;
@@ -115,6 +168,7 @@ class cublas_handle {
       : handle_(std::exchange(other.handle_, nullptr)),
         lt_(std::exchange(other.lt_, nullptr)),
         workspace_(std::move(other.workspace_)),
+        bf16_(std::move(other.bf16_)),
         math_(other.math_) {}
   cublas_handle& operator=(cublas_handle&& other) noexcept {
     if (this != &other) {
@@ -122,6 +176,7 @@ class cublas_handle {
       handle_ = std::exchange(other.handle_, nullptr);
       lt_ = std::exchange(other.lt_, nullptr);
       workspace_ = std::move(other.workspace_);
+      bf16_ = std::move(other.bf16_);
       math_ = other.math_;
     }
     return *this;
@@ -139,7 +194,25 @@ class cublas_handle {
   std::size_t workspace_bytes() const noexcept { return workspace_.size(); }
   //! The math of the GEMMs run through this handle as a blas_ref (fp32 unless set).
   gemm_math math() const noexcept { return math_; }
-  void set_math(gemm_math m) noexcept { math_ = m; }
+  //! fp32 or tf32; bf16 once a rounding kernel is known (set_math(bf16, rounding) before), else
+  //! a usage_error.
+  void set_math(gemm_math m) {
+    TRIDENT_EXPECT(m != gemm_math::bf16 || (bf16_ && bf16_->round != nullptr),
+                   "cublas_handle::set_math(bf16): bf16 GEMMs round their float operands with a CUDA kernel; call "
+                   "trident::nn::cuda::use_bf16_gemm(handle) (nn/cuda/layers.cuh) from a translation unit compiled "
+                   "with nvcc, or set_math(gemm_math::bf16, rounding)");
+    math_ = m;
+  }
+  //! `m` with the kernel that rounds operands to bf16 for gemm_math::bf16 (kept for later).
+  void set_math(gemm_math m, bf16_rounding rounding) {
+    TRIDENT_EXPECT(rounding != nullptr, "cublas_handle::set_math: a null bf16 rounding function");
+    TRIDENT_EXPECT(bf16_ != nullptr, "cublas_handle::set_math on a moved-from handle");
+    bf16_->round = rounding;
+    set_math(m);
+  }
+  //! The device memory that gemm_math::bf16's rounded operands took so far (`other` memory).
+  std::size_t bf16_scratch_bytes() const noexcept { return bf16_ ? bf16_->scratch.size() * sizeof(bf16) : 0; }
+  detail::bf16_operands* bf16_operands() const noexcept { return bf16_.get(); }
 
  private:
   void reset() noexcept {
@@ -151,6 +224,7 @@ class cublas_handle {
   cublasHandle_t handle_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   mutable buffer<std::byte, cuda_space> workspace_;  // scratch that GEMMs through a const handle use
+  std::unique_ptr<detail::bf16_operands> bf16_;      // gemm_math::bf16's kernel and scratch
   gemm_math math_ = gemm_math::fp32;
 };
 
@@ -165,23 +239,83 @@ struct blas_ref {
   cublasLtHandle_t lt = nullptr;  // from a cublas_handle: GEMMs with a bias fuse it (gemm_bias)
   void* workspace = nullptr;      // and its workspace
   std::size_t workspace_bytes = 0;
+  detail::bf16_operands* bf16 = nullptr;  // gemm_math::bf16's rounding and scratch (a cublas_handle's)
 
   blas_ref() = default;
   blas_ref(cublasHandle_t h, gemm_math m = gemm_math::fp32) noexcept : handle(h), math(m) {}  // NOLINT: implicit by design
   blas_ref(const cublas_handle& h) noexcept  // NOLINT: implicit by design
-      : handle(h.get()), math(h.math()), lt(h.lt()), workspace(h.workspace()), workspace_bytes(h.workspace_bytes()) {}
+      : handle(h.get()),
+        math(h.math()),
+        lt(h.lt()),
+        workspace(h.workspace()),
+        workspace_bytes(h.workspace_bytes()),
+        bf16(h.bf16_operands()) {}
 };
 
 namespace cuda {
+
+namespace detail {
+
+inline void check_int_range(std::size_t m, std::size_t n, std::size_t k, std::size_t lda, std::size_t ldb, std::size_t ldc,
+                            const char* call) {
+  constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  TRIDENT_EXPECT(m <= limit && n <= limit && k <= limit && lda <= limit && ldb <= limit && ldc <= limit,
+                 "nn::cuda::gemm: sizes beyond int range (", m, " x ", n, " x ", k, ") for ", call);
+}
+
+// The elements that a row-major op(X) of [rows, cols] with leading dimension ld spans in memory:
+// its stored rows times ld, less the last one's tail (the gaps between rows are rounded too:
+// they lie inside the matrix's memory, and nothing reads them).
+inline std::size_t stored_extent(op o, std::size_t rows, std::size_t cols, std::size_t ld) noexcept {
+  const std::size_t stored_rows = o == op::n ? rows : cols, stored_cols = o == op::n ? cols : rows;
+  return (stored_rows - 1) * ld + stored_cols;
+}
+
+// gemm_math::bf16: a's and b's first a_count and b_count elements rounded to bf16 into the
+// handle's scratch, b's copy 256-byte aligned after a's, on `stream`.
+inline std::pair<const bf16*, const bf16*> round_operands(const blas_ref& blas, cudaStream_t stream, const float* a,
+                                                          std::size_t a_count, const float* b, std::size_t b_count) {
+  TRIDENT_EXPECT(blas.bf16 != nullptr && blas.bf16->round != nullptr,
+                 "nn::cuda::gemm: gemm_math::bf16 needs a cublas_handle's rounding kernel and scratch "
+                 "(nn::cuda::use_bf16_gemm(handle)); this blas_ref has none (made from a raw cublasHandle_t?)");
+  constexpr std::size_t align = 256 / sizeof(bf16);
+  const std::size_t b_at = (a_count + align - 1) / align * align;
+  bf16* scratch = blas.bf16->reserve(b_at + b_count, stream);
+  blas.bf16->round(a, scratch, a_count, stream);
+  blas.bf16->round(b, scratch + b_at, b_count, stream);
+  return {scratch, scratch + b_at};
+}
+
+}  // namespace detail
+
+//! Row-major C[m, n] = alpha op(A) op(B) + beta C on bf16 operands in device memory: bf16 tensor
+//! cores (FP32 before sm_80, as cuBLAS emulates them), FP32 sums, C in float, whatever blas.math
+//! says (it is about float operands). k = 0 is refused (gemm on floats handles it).
+//!
+//!   nn::cuda::gemm(blas, stream, nn::op::n, nn::op::t, m, n, k, 1.0f, x16, k, w16, k, 0.0f, y, n);
+inline void gemm(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n, std::size_t k,
+                 float alpha, const bf16* a, std::size_t lda, const bf16* b, std::size_t ldb, float beta, float* c,
+                 std::size_t ldc) {
+  detail::check_int_range(m, n, k, lda, ldb, ldc, "cublasGemmEx on bf16");
+  if (m == 0 || n == 0) return;
+  TRIDENT_EXPECT(k > 0, "nn::cuda::gemm on bf16 operands: k = 0 (an empty inner dimension) is not supported");
+  const cublasHandle_t handle = blas.handle;
+  TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  const auto to_blas = [](op o) { return o == op::n ? CUBLAS_OP_N : CUBLAS_OP_T; };
+  // Row-major as column-major transposes (see the header comment): B and A swap places.
+  TRIDENT_CUBLAS_CHECK(cublasGemmEx(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
+                                    static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), a, CUDA_R_16BF,
+                                    static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+}
 
 //! Row-major C[m, n] = alpha op(A) op(B) + beta C with device pointers, enqueued on `stream`
 //! (the handle's stream is set to it). Same contract as trident::nn::gemm.
 inline void gemm(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
                  std::size_t k, float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
                  float beta, float* c, std::size_t ldc) {
-  constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
-  TRIDENT_EXPECT(m <= limit && n <= limit && k <= limit && lda <= limit && ldb <= limit && ldc <= limit,
-                 "nn::cuda::gemm: sizes beyond int range (", m, " x ", n, " x ", k, ") for cublasSgemm");
+  detail::check_int_range(m, n, k, lda, ldb, ldc, "cublasSgemm");
   if (m == 0 || n == 0) return;
   const cublasHandle_t handle = blas.handle;
   TRIDENT_CUBLAS_CHECK(cublasSetStream(handle, stream));
@@ -198,7 +332,11 @@ inline void gemm(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size
     return;
   }
   const auto to_blas = [](op o) { return o == op::n ? CUBLAS_OP_N : CUBLAS_OP_T; };
-  if (blas.math == gemm_math::fp32) {
+  if (blas.math == gemm_math::bf16) {
+    const auto [a16, b16] = detail::round_operands(blas, stream, a, detail::stored_extent(op_a, m, k, lda), b,
+                                                   detail::stored_extent(op_b, k, n, ldb));
+    gemm(blas, stream, op_a, op_b, m, n, k, alpha, a16, lda, b16, ldb, beta, c, ldc);
+  } else if (blas.math == gemm_math::fp32) {
     TRIDENT_CUBLAS_CHECK(cublasSgemm(handle, to_blas(op_b), to_blas(op_a), static_cast<int>(n), static_cast<int>(m),
                                      static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),
                                      &beta, c, static_cast<int>(ldc)));
@@ -232,7 +370,7 @@ struct lt_call {
 //! Row-major y[m, n] = x[m, k] W[n, k]^T + bias[n] (a linear layer's forward) as one cuBLASLt
 //! matmul with the bias in its epilogue, in blas.math, on `stream`: the separate pass over y that
 //! adding the bias costs (0.10 ms of a 0.24 ms TF32 QKV projection at GPT-2 124M's size on an
-//! H200) is gone. Returns false, having done nothing, when blas carries no cuBLASLt handle (a raw
+//! H200) is gone. Under gemm_math::bf16, x and W are rounded to bf16 first, as gemm's operands. Returns false, having done nothing, when blas carries no cuBLASLt handle (a raw
 //! cublasHandle_t) or cuBLASLt offers no algorithm for the shape; the caller then runs gemm and
 //! adds the bias itself. The bias is added to the product in float before y is rounded once.
 inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::size_t n, std::size_t k, const float* x,
@@ -241,7 +379,11 @@ inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::si
   if (blas.lt == nullptr || m == 0 || n == 0 || k == 0 || m > limit || n > limit || k > limit) return false;
   // Column-major, as gemm: y^T [n, m] = W [n, k] (W's row-major storage read transposed) x^T [k, m].
   detail::lt_call c;
+  const bool bf16_math = blas.math == gemm_math::bf16;
+  if (bf16_math && (blas.bf16 == nullptr || blas.bf16->round == nullptr)) return false;  // gemm says why
   const cublasComputeType_t compute = blas.math == gemm_math::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // bf16: x and W rounded to bf16 (after the heuristic has found an algorithm), y in float.
+  const cudaDataType_t operand = bf16_math ? CUDA_R_16BF : CUDA_R_32F;
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, compute, CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -249,8 +391,8 @@ inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::si
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, CUDA_R_32F, k, n, static_cast<int64_t>(k)));
-  TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, CUDA_R_32F, k, m, static_cast<int64_t>(k)));
+  TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, operand, k, n, static_cast<int64_t>(k)));
+  TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, operand, k, m, static_cast<int64_t>(k)));
   TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, CUDA_R_32F, n, m, static_cast<int64_t>(n)));
   // The handle's workspace: without one, cuBLASLt's TF32 kernels on an H200 were slower than
   // cublasGemmEx plus the bias's own pass (0.293 against 0.236 ms for GPT-2's QKV projection).
@@ -264,13 +406,16 @@ inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::si
       cublasLtMatmulAlgoGetHeuristic(blas.lt, c.op, c.a, c.b, c.d, c.d, c.pref, 1, &result, &found);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   const float one = 1.0f, zero = 0.0f;
-  TRIDENT_CUBLAS_CHECK(cublasLtMatmul(blas.lt, c.op, &one, w, c.a, x, c.b, &zero, y, c.d, y, c.d, &result.algo, blas.workspace,
-                                      workspace, stream));
+  const void *w_in = w, *x_in = x;
+  if (bf16_math) std::tie(w_in, x_in) = detail::round_operands(blas, stream, w, n * k, x, m * k);
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmul(blas.lt, c.op, &one, w_in, c.a, x_in, c.b, &zero, y, c.d, y, c.d, &result.algo,
+                                      blas.workspace, workspace, stream));
   return true;
 }
 
 //! `count` row-major GEMMs C_i = alpha op(A_i) op(B_i) + beta C_i, where X_i = x + i stride_x
-//! (elements), in one cublasSgemmStridedBatched on `stream`. The C_i must not overlap each other;
+//! (elements), in one cublasSgemmStridedBatched on `stream` (TF32 under gemm_math::bf16: see the
+//! header comment). The C_i must not overlap each other;
 //! they may interleave (attention writes each head's columns of rows shared by every head).
 inline void gemm_strided_batched(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
                                  std::size_t k, float alpha, const float* a, std::size_t lda, std::size_t stride_a,
