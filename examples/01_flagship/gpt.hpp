@@ -108,6 +108,11 @@ struct gpt_config {
   //! With flash_attention: the bf16 tiles with the scores in registers
   //! (tensor::block_config::flash_bf16, `--attention flash_bf16`).
   bool flash_bf16 = false;
+  //! Every GEMM (the blocks' linear layers and the head) on operands rounded to bf16, float
+  //! sums and results (`--gemm bf16`: gemm_math::bf16 on the GPU path; the host path emulates
+  //! it, the serial reference of such a GPU run, exact with flash_attention, whose tiles the host
+  //! emulates too, while the GPU's unfused attention keeps its own products in TF32).
+  bool bf16_gemm = false;
 
   std::size_t ffn_size() const noexcept { return ffn == 0 ? 4 * hidden : ffn; }
   //! Parameters of one block.
@@ -261,11 +266,12 @@ class gpt_rank final : public chunk_runner {
         p_(grid.pipeline().size()), prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
                    .sequence_parallel = c.sequence_parallel, .selective_recompute = c.recompute == recompute_mode::selective,
-                   .flash_attention = c.flash_attention, .flash_bf16 = c.flash_bf16},
+                   .flash_attention = c.flash_attention, .flash_bf16 = c.flash_bf16, .bf16_gemm = c.bf16_gemm},
         wte_(grid.tensor(), c.vocab, c.hidden, "wte"), head_(grid.tensor(), c.hidden, c.vocab, "lm_head"),
         ce_(grid.tensor(), c.vocab, "lm_head") {
     TRIDENT_EXPECT(micro_batches >= 1 && batch >= 1, "gpt_rank: ", micro_batches, " micro-batches of ", batch,
                    " rows; expected at least one of each");
+    head_.bf16_operands = c.bf16_gemm;
     const auto all = gpt_parameters(grid.tensor(), c_, seed);
     const int per_chunk = static_cast<int>(c_.layers) / chunks_;
     const int t_rank = grid.tensor().rank();

@@ -274,9 +274,10 @@ class gpt_cuda_rank {
         prank_(grid.pipeline().rank()), m_(micro_batches), batch_(batch), n_(c.seq * batch),
         block_cfg_{.seq = c.seq, .batch = batch, .hidden = c.hidden, .heads = c.heads, .ffn = c.ffn, .eps = c.eps,
                    .sequence_parallel = false, .selective_recompute = c.recompute == recompute_mode::selective,
-                   .flash_attention = c.flash_attention, .flash_bf16 = c.flash_bf16},
+                   .flash_attention = c.flash_attention, .flash_bf16 = c.flash_bf16, .bf16_gemm = c.bf16_gemm},
         wte_(grid.tensor(), c.vocab, c.hidden, "wte"), head_(grid.tensor(), c.hidden, c.vocab, "lm_head"),
         ce_(grid.tensor(), c.vocab, "lm_head") {
+    if (c.bf16_gemm) set_gemm_math(trident::nn::gemm_math::bf16);  // the head's GEMMs too
     TRIDENT_EXPECT(!c.sequence_parallel && c.recompute != recompute_mode::full,
                    "gpt_cuda_rank: sequence parallelism and full recomputation are not on the GPU path yet; expected "
                    "sequence_parallel = false and recompute none or selective");
@@ -409,7 +410,10 @@ class gpt_cuda_rank {
   trident::nn::blas_ref blas() const noexcept { return blas_; }
   //! The math of the model's GEMMs from now on (nn/cuda/cublas.hpp): fp32, tf32, or bf16 (the
   //! operands rounded to bf16 for bf16 tensor cores, float results: nn::cuda::use_bf16_gemm).
+  //! gpt_config::bf16_gemm fixes bf16: another math is then an error.
   void set_gemm_math(trident::nn::gemm_math m) {
+    TRIDENT_EXPECT(!c_.bf16_gemm || m == trident::nn::gemm_math::bf16, "gpt_cuda_rank: GEMM math ", trident::nn::name(m),
+                   " for a model with gpt_config::bf16_gemm; expected bf16");
     if (m == trident::nn::gemm_math::bf16) trident::nn::cuda::use_bf16_gemm(blas_);
     else blas_.set_math(m);
   }
@@ -1090,8 +1094,11 @@ std::vector<step_report> run_cuda(trident::nccl_comm& world, trident::process_gr
   const int chunks = o.pipeline * o.virtual_stages;
   gpt_cuda_rank<Stage, optimizer_type, Precision> rank(grid, o.model, chunks, o.accumulation, o.micro_batch, opt,
                                                        flagship::detail::zero_options_of(o), o.seed);
-  rank.set_gemm_math(o.gpu_gemm.value_or(std::is_same_v<Precision, trident::full_precision> ? trident::nn::gemm_math::fp32
-                                                                                          : trident::nn::gemm_math::tf32));
+  // gpt_config::bf16_gemm (set by --gemm bf16) is bf16 math; else --gemm's, fp32 for fp32 and TF32 for bf16.
+  rank.set_gemm_math(o.model.bf16_gemm ? trident::nn::gemm_math::bf16
+                                       : o.gpu_gemm.value_or(std::is_same_v<Precision, trident::full_precision>
+                                                                 ? trident::nn::gemm_math::fp32
+                                                                 : trident::nn::gemm_math::tf32));
   std::vector<step_report> out;
   with_gpu_stage_count(chunks,
                        [&](auto n) { out = loop_cuda<Stage, Precision, decltype(n)::value>(world, grid, o, on_step, rank, opt); });

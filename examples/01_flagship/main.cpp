@@ -322,6 +322,7 @@ settings build(const arguments& args, int world_size) {
       using trident::nn::gemm_math;
       TRIDENT_EXPECT(v == "fp32" || v == "tf32" || v == "bf16", "flagship: --gemm ", v, "; expected fp32, tf32 or bf16");
       o.gpu_gemm = v == "fp32" ? gemm_math::fp32 : v == "tf32" ? gemm_math::tf32 : gemm_math::bf16;
+      o.model.bf16_gemm = v == "bf16";  // the head's GEMMs and the blocks' (gpt_config::bf16_gemm)
     }
   }
   if (!schedule_given) default_schedule(s);

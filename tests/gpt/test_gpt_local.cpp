@@ -86,6 +86,47 @@ TEST_CASE("gpt: with flash attention's tiles emulated on the host (TF32 and bf16
   }
 }
 
+TEST_CASE("gpt: with bf16 GEMM operands emulated on the host (and the bf16 flash tiles), a (1, 2, 2) grid trains to one "
+          "rank's losses with the same roundings (threads, sequence parallelism, ZeRO-3); and further from fp32 than that") {
+  auto o = gpt_suite::small_options();
+  o.model.hidden = 64;  // head_dim 32: the bf16 tiles, one head per rank at t = 2
+  o.model.heads = 2;
+  o.model.ffn = 64;
+  o.model.flash_attention = true;
+  o.model.flash_bf16 = true;
+  o.model.sequence_parallel = true;
+  o.tensor = 2;
+  o.pipeline = 2;
+  o.zero_stage = 3;
+  o.lr = [](std::int64_t step) { return 1e-3 * std::min<double>(1.0, static_cast<double>(step) / 5.0); };  // as the flash case
+  auto plain = o;
+  plain.model.bf16_gemm = false;
+  o.model.bf16_gemm = true;  // every GEMM: the blocks' linear layers and the head
+  local_world::run(4, [&](local_comm& world) {
+    const gpt_suite::serial_and_grid<local_comm> runs(world, o);
+    const auto tiles_only = flagship::train(world, plain);
+    double worst = 0, from_plain = 0;
+    for (std::size_t s = 0; s < runs.got.size(); ++s) {
+      worst = std::max({worst, gpt_suite::relative(runs.got[s].loss, runs.want[s].loss),
+                        gpt_suite::relative(runs.got[s].grad_norm, runs.want[s].grad_norm)});
+      from_plain = std::max(from_plain, gpt_suite::relative(runs.got[s].loss, tiles_only[s].loss));
+    }
+    const double first = gpt_suite::relative(runs.got[0].loss, runs.want[0].loss);
+    const double first_norm = gpt_suite::relative(runs.got[0].grad_norm, runs.want[0].grad_norm);
+    const double first_plain = gpt_suite::relative(runs.got[0].loss, tiles_only[0].loss);
+    INFO("bf16 GEMMs: step 1 ", runs.got[0].loss, " vs ", runs.want[0].loss, " (", first, "; grad norm ", first_norm, "), over 20 "
+         "steps ", worst, "; from the run without them: step 1 ", first_plain, ", 20 steps ", from_plain);
+    CHECK(first <= 1e-6);  // the same weights, the same roundings
+    CHECK(first_norm <= 1e-5);
+    CHECK(first_plain > 100 * first);  // the GEMMs' rounding moved the forward, far more than the grid's sums did
+    CHECK(worst <= 2e-3);
+    CHECK(runs.want.back().loss < runs.want.front().loss - 0.1);  // it learns
+    if (world.rank() == 0)
+      MESSAGE("bf16 GEMMs: grid from serial: step 1 ", first, ", 20 steps ", worst, "; from fp32 GEMMs: step 1 ", first_plain,
+              ", 20 steps ", from_plain);
+  });
+}
+
 TEST_CASE("gpt: selective and full recomputation train bitwise as keeping every activation (threads, (2, 2, 2), with and "
           "without sequence parallelism)") {
   auto o = gpt_suite::small_options();

@@ -270,8 +270,8 @@ TEST_CASE("gpt on the GPU in bf16: the host's bf16 run on the same grid (its fir
   }
 }
 
-TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's serial run of the same tiles (their emulation), "
-          "step 1 to 1e-5, 20 steps to 2e-3 (TF32) and 5e-3 (bf16)") {
+TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles, bf16 tiles with bf16 GEMMs): the host's serial run of "
+          "the same roundings (their emulation), step 1 to 1e-5, 20 steps to 2e-3 (TF32) and 5e-3 (bf16)") {
   auto& w = *world;
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -303,13 +303,18 @@ TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's
   // (nn::cuda::flash_attention_bf16, --attention flash_bf16). The host's serial run has the same
   // tiles, emulated (tensor::transformer_block runs nn::flash(_bf16)::emulate_*): the GPU's
   // roundings of q, k, v, P and dS, so what is left is summation order.
-  for (const bool bf16 : {false, true})
+  // The third kind adds bf16 GEMMs (gpt_config::bf16_gemm, --gemm bf16: gemm_math::bf16 on the
+  // GPU, its emulation on the host), the race's arithmetic: the GPU's rounding of every GEMM's
+  // operands, the host's too.
+  for (const int kind : {0, 1, 2})
   for (const auto& l : layouts) {
+    const bool bf16 = kind > 0;
     auto o = o0;
     o.tensor = l.t;
     o.pipeline = l.p;
     o.zero_stage = l.zero;
     o.model.flash_bf16 = bf16;
+    o.model.bf16_gemm = kind == 2;
     const int d = w.size() / (l.t * l.p);
     const auto want = serial_run(o, d);
     const auto got = flagship::cuda::train_on_gpus(w, o);
@@ -320,14 +325,15 @@ TEST_CASE("gpt on the GPU with flash attention (TF32 and bf16 tiles): the host's
       worst = std::max({worst, gpt_suite::relative(got[s].loss, want[s].loss), gpt_suite::relative(got[s].grad_norm, want[s].grad_norm)});
     }
     const double first = std::max(gpt_suite::relative(got[0].loss, want[0].loss), gpt_suite::relative(got[0].grad_norm, want[0].grad_norm));
-    INFO(std::string(bf16 ? "bf16 tiles, " : "TF32 tiles, "), "(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), ZeRO-", l.zero, ": step 1 ",
-         got[0].loss, " vs ", want[0].loss, " (loss or norm apart ", first, "); over 20 steps ", worst);
+    const std::string what = kind == 2 ? "bf16 tiles and GEMMs, " : bf16 ? "bf16 tiles, " : "TF32 tiles, ";
+    INFO(what, "(d, t, p) = (", d, ", ", l.t, ", ", l.p, "), ZeRO-", l.zero, ": step 1 ", got[0].loss, " vs ", want[0].loss,
+         " (loss or norm apart ", first, "); over 20 steps ", worst);
     CHECK(first <= 1e-5);
     CHECK(worst <= (bf16 ? 5e-3 : 2e-3));
     CHECK(got.back().loss < got.front().loss - 0.1);  // it learns
     if (w.rank() == 0)
       std::printf("gpt.nccl flash%s: (d, t, p) = (%d, %d, %d): step 1 from the host's emulated tiles %.3g, 20 steps %.3g\n",
-                  bf16 ? " bf16" : "", d, l.t, l.p, first, worst);
+                  kind == 2 ? " bf16 + bf16 GEMMs" : bf16 ? " bf16" : "", d, l.t, l.p, first, worst);
   }
 }
 

@@ -184,7 +184,12 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
     TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = trident::to_vector(rounded);
     std::size_t wrong = 0;
-    for (std::size_t i = 0; i < count; ++i) wrong += got[i].bits() != trident::bf16(values[i + offset]).bits();
+    for (std::size_t i = 0; i < count; ++i) {
+      const float v = values[i + offset];
+      // A NaN stays a NaN; its payload may differ between host and device (core/half.hpp).
+      if (std::isnan(v)) wrong += !std::isnan(static_cast<float>(got[i]));
+      else wrong += got[i].bits() != trident::bf16(v).bits();
+    }
     INFO("offset ", offset, ": ", wrong, " of ", count, " roundings differ from the host's");
     CHECK(wrong == 0);
   }
@@ -203,6 +208,10 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
   };
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 8) {  // bf16 tensor cores: cuBLAS may refuse bf16 operands before sm_80
+    MESSAGE("compute capability ", major, ".x: the bf16 GEMMs are not checked here");
+    return;
+  }
   nn::cuda::use_bf16_gemm(blas);
   CHECK(blas.math() == nn::gemm_math::bf16);
   CHECK(nn::blas_ref(blas).math == nn::gemm_math::bf16);
@@ -221,10 +230,12 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
       nn::cuda::gemm(blas, nullptr, op_a, op_b, m, n, k, 0.5f, da.data(), lda, db.data(), ldb, 2.0f, dc.data(), n);
       TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
       const auto got = trident::to_vector(dc);
-      INFO("op_a ", op_a == nn::op::n ? "n" : "t", ", op_b ", op_b == nn::op::n ? "n" : "t", ": from the rounded operands' product ",
-           worst(got, want), ", from the exact one ", worst(got, exact));
-      CHECK(worst(got, want) <= 1e-4);
-      if (major >= 8) CHECK(worst(got, exact) > 10 * worst(got, want));
+      // Relative to the largest element (about 20 here): float sums of exact bf16 products.
+      const double from_rounded = normwise(got, want), from_exact = normwise(got, exact);
+      INFO("op_a ", std::string(op_a == nn::op::n ? "n" : "t"), ", op_b ", std::string(op_b == nn::op::n ? "n" : "t"),
+           ": from the rounded operands' product ", from_rounded, ", from the exact one ", from_exact);
+      CHECK(from_rounded <= 1e-5);
+      CHECK(from_exact > 10 * from_rounded);
       // bf16 operands in memory directly: the same product.
       buffer<trident::bf16, cuda_space> a16(a.size()), b16(b.size());
       nn::cuda::round_to_bf16(da.data(), a16.data(), a.size(), nullptr);
@@ -244,6 +255,9 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
     nn::cuda::gemm(blas, nullptr, nn::op::n, nn::op::n, m, n, k, 1.0f, da.data(), k, db.data(), n, 0.0f, dc.data(), n);
     TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
     CHECK(blas.bf16_scratch_bytes() == scratch);
+    // Sized up front: exactly that, the outgrown scratch let go.
+    blas.reserve_bf16_scratch(std::size_t{1} << 20);
+    CHECK(blas.bf16_scratch_bytes() == (std::size_t{1} << 20) * sizeof(trident::bf16));
 
     // A raw handle has no rounding kernel: bf16 math through it is refused by name; the fused
     // bias declines (gemm then says why).
@@ -254,12 +268,13 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
     } catch (const trident::usage_error& e) {
       CHECK(std::string(e.what()).find("raw cublasHandle_t") != std::string::npos);
     }
-    CHECK_FALSE(nn::cuda::gemm_bias(nn::blas_ref{blas.get(), nn::gemm_math::bf16}, nullptr, m, n, k, da.data(), db.data(), da.data(),
-                                    dc.data()));
+    nn::blas_ref no_scratch(blas);  // cuBLASLt, but no rounding kernel or scratch
+    no_scratch.bf16 = nullptr;
+    CHECK_FALSE(nn::cuda::gemm_bias(no_scratch, nullptr, m, n, k, da.data(), db.data(), da.data(), dc.data()));
 
     // Attention's strided batched products stay TF32 under bf16 math: closer to the TF32
     // operands' product than to the bf16 ones'.
-    if (major >= 8) {
+    {
       const auto tf32 = [](float v) {
         const auto bits = trident::detail::bit_cast<std::uint32_t>(v);
         return trident::detail::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);

@@ -12,6 +12,9 @@
 #include "tensor/tensor_suite.hpp"
 #include "trident/comm/local.hpp"
 #include "trident/comm/process_grid.hpp"
+#include "trident/core/half.hpp"
+#include "trident/nn/linear.hpp"
+#include "trident/parallel/tensor/linear.hpp"
 
 using trident::local_comm;
 using trident::local_world;
@@ -79,16 +82,18 @@ TEST_CASE("transformer block: heads and features that t does not divide are name
 namespace {
 
 // One block's forward and backward on this rank (t = tp's size) with attention `kind` (0: plain,
-// 1: flash TF32 tiles, 2: flash bf16 tiles, both emulated on the host): y, dx and the gradients,
-// gathered over the group, and the size of the saved "probs".
+// 1: flash TF32 tiles, 2: flash bf16 tiles, both emulated on the host), and bf16 GEMM operands
+// (emulated) or not: y, dx and the gradients, gathered over the group, and the size of the saved
+// "probs".
 struct block_run {
   std::vector<float> y, dx, grads;
   std::size_t saved_probs = 0;
 };
-block_run run_block(local_comm& tp, int kind, bool sp) {
+block_run run_block(local_comm& tp, int kind, bool sp, bool bf16_gemm = false) {
   namespace tensor = trident::tensor;
   const tensor::block_config config{.seq = 70, .batch = 2, .hidden = 64, .heads = 2, .ffn = 128, .eps = 1e-5f,
-                                    .sequence_parallel = sp, .flash_attention = kind > 0, .flash_bf16 = kind == 2};
+                                    .sequence_parallel = sp, .flash_attention = kind > 0, .flash_bf16 = kind == 2,
+                                    .bf16_gemm = bf16_gemm};
   const tensor::transformer_block block(tp, config, "h0");
   auto w = block.init_parameters(31, 1);
   std::vector<std::vector<float>> g;
@@ -154,6 +159,94 @@ TEST_CASE("transformer block with flash attention on the host: the GPU tiles' em
         if (tp.rank() == 0 && !sp) MESSAGE("t = ", tp.size(), ": TF32 tiles y ", err[0][0], ", dx ", err[0][1], ", grads ", err[0][2],
                                            "; bf16 tiles y ", err[1][0], ", dx ", err[1][1], ", grads ", err[1][2]);
       });
+}
+
+TEST_CASE("transformer block with bf16 GEMM operands on the host (gemm_math::bf16 emulated): within bf16's rounding of "
+          "the plain block, further off than TF32 tiles; t = 2 = t = 1 to that rounding (threads, with and without sequence "
+          "parallelism)") {
+  std::vector<float> y1, dx1;  // t = 1's, for t = 2 to compare with
+  for (int t : {1, 2})
+    for (bool sp : {false, true})
+      local_world::run(t, [&](local_comm& tp) {
+        const auto plain = run_block(tp, 0, sp), tf32 = run_block(tp, 1, sp), bf16 = run_block(tp, 0, sp, true);
+        const auto both = run_block(tp, 2, sp, true);  // bf16 tiles and GEMMs: the GPU's fastest block
+        const double err[3] = {apart(bf16.y, plain.y), apart(bf16.dx, plain.dx), apart(bf16.grads, plain.grads)};
+        const double tiles[3] = {apart(tf32.y, plain.y), apart(tf32.dx, plain.dx), apart(tf32.grads, plain.grads)};
+        const std::string where = sp ? ", sequence parallel" : "";
+        INFO("t = ", tp.size(), where, ": bf16 GEMMs y ", err[0], ", dx ", err[1], ", grads ", err[2], " (TF32 tiles ", tiles[0],
+             ", ", tiles[1], ", ", tiles[2], "); with bf16 tiles y ", apart(both.y, plain.y));
+        for (int i = 0; i < 3; ++i) {
+          CHECK(err[i] > 4 * tiles[i]);  // the operands were rounded (2^-9 relative), more than TF32 tiles round theirs
+          CHECK(err[i] <= 2e-3);         // measured 2.0e-4 (y), 1.7e-4 (dx), 6.3e-4 (grads)
+        }
+        CHECK(apart(both.y, plain.y) <= 2e-3);
+        if (t == 1 && !sp && tp.rank() == 0) {
+          y1 = bf16.y;
+          dx1 = bf16.dx;
+        }
+        if (t == 2 && !sp) {
+          // The same block split over two ranks: the same roundings of the same operands, the sums
+          // in another order, so now and then an operand rounds the other way: bf16's rounding of
+          // one element, not the plain block's distance. y and dx are whole on each rank (their
+          // gathers hold two copies): rank 0's copy.
+          const auto first = [](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2)); };
+          const double y_apart = apart(first(bf16.y), y1), dx_apart = apart(first(bf16.dx), dx1);
+          INFO("t = 2 from t = 1 with bf16 GEMMs: y ", y_apart, ", dx ", dx_apart, " (from the plain block: ", err[0], ", ", err[1], ")");
+          CHECK(y_apart <= 1e-5);  // measured 5.8e-8
+          CHECK(dx_apart <= 1e-5);
+          CHECK(y_apart < err[0] / 4);
+          if (tp.rank() == 0) MESSAGE("t = 2 from t = 1 with bf16 GEMMs: y ", y_apart, ", dx ", dx_apart);
+        }
+        if (tp.rank() == 0 && !sp) MESSAGE("t = ", tp.size(), ": bf16 GEMMs y ", err[0], ", dx ", err[1], ", grads ", err[2],
+                                           " (TF32 tiles y ", tiles[0], ")");
+      });
+}
+
+TEST_CASE("tensor-parallel linear layers with bf16_operands: the GEMMs of nn::linear on bf16-rounded copies, the bias and "
+          "its gradient from the float values (threads, t = 1, 2)") {
+  for (int t : {1, 2})
+    local_world::run(t, [](local_comm& tp) {
+      namespace tensor = trident::tensor;
+      const std::size_t batch = 5, in = 12, out = 8;
+      tensor::column_parallel_linear col(tp, in, out, "col");
+      tensor::row_parallel_linear row(tp, out, in, "row");
+      col.bf16_operands = row.bf16_operands = true;
+      const std::size_t lo = col.local_out_features();
+      const auto x = tensor_suite::random(batch * in, 41), wc = tensor_suite::random(lo * in, 42), bc = tensor_suite::random(lo, 43);
+      const auto dyc = tensor_suite::random(batch * lo, 44), wr = tensor_suite::random(in * lo, 45), br = tensor_suite::random(in, 46);
+      const auto dyr = tensor_suite::random(batch * in, 47);
+      auto rounded = [](std::vector<float> v) {
+        for (auto& e : v) e = static_cast<float>(trident::bf16(e));
+        return v;
+      };
+      // Column: forward, then backward's weight gradients (no dx: no communication to reproduce).
+      std::vector<float> y(batch * lo), want(batch * lo), dw(lo * in, 0.0f), db(lo, 0.0f), want_dw(lo * in, 0.0f), want_db(lo, 0.0f);
+      col.forward(tp, batch, x, wc, bc, y);
+      col.local().forward(batch, rounded(x), rounded(wc), bc, want);
+      std::vector<float> plain(batch * lo), unused(lo * in, 0.0f), unused_row(in * lo, 0.0f);
+      col.local().forward(batch, x, wc, bc, plain);
+      CHECK(y == want);
+      CHECK(y != plain);  // the rounding happened
+      col.backward(tp, batch, x, wc, dyc, {}, dw, db);
+      col.local().backward(batch, rounded(x), {}, rounded(dyc), {}, want_dw, {});
+      col.local().backward(batch, x, {}, dyc, {}, unused, want_db);
+      CHECK(dw == want_dw);
+      CHECK(db == want_db);  // from the float dy
+      // Row: x_r is this rank's slice of the column layer's output; forward sums over the group.
+      std::vector<float> yr(batch * in), dx(batch * lo), dwr(in * lo, 0.0f), dbr(in, 0.0f);
+      std::vector<float> want_dx(batch * lo), want_dwr(in * lo, 0.0f), want_dbr(in, 0.0f), part(batch * in);
+      row.forward(tp, batch, y, wr, br, yr);
+      row.local().forward(batch, rounded(y), rounded(wr), {}, part);
+      tp.all_reduce(std::span<float>(part), trident::reduce_op::sum);
+      trident::nn::detail::add_bias_rows(part.data(), br.data(), batch, in);
+      CHECK(yr == part);
+      row.backward(tp, batch, y, wr, dyr, dx, dwr, dbr);
+      row.local().backward(batch, rounded(y), rounded(wr), rounded(dyr), want_dx, want_dwr, {});
+      row.local().backward(batch, y, {}, dyr, {}, unused_row, want_dbr);
+      CHECK(dx == want_dx);
+      CHECK(dwr == want_dwr);
+      CHECK(dbr == want_dbr);
+    });
 }
 
 TEST_CASE("transformer block: flash attention's head_dim and tile choice are checked, naming them") {

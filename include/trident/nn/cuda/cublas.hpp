@@ -7,7 +7,7 @@
 //   class cublas_handle;                   RAII cublasHandle_t, a cublasLtHandle_t and its 32 MiB
 //                                          workspace (`other` memory): move-only, FP32 math
 //     get(), operator cublasHandle_t(), lt(), workspace(), workspace_bytes(), math(),
-//     set_math(m), set_math(gemm_math::bf16, rounding), bf16_scratch_bytes()
+//     set_math(m), set_math(gemm_math::bf16, rounding), bf16_scratch_bytes(), reserve_bf16_scratch(n)
 //   struct blas_ref { handle; math; lt; workspace; workspace_bytes; bf16; }
 //                                          what the layers take: a handle and its GEMMs' math
 //                                          (from a cublas_handle: its math, cuBLASLt handle,
@@ -49,8 +49,8 @@
 // does to a matmul's inputs. Rounding is a kernel, and this header is host code, so the kernel
 // comes from a translation unit compiled with nvcc: nn::cuda::use_bf16_gemm(handle) in
 // nn/cuda/layers.cuh passes it to set_math. The scratch grows to the largest GEMM's operands
-// (`other` memory) at its first use, the stream synchronised first: run a step before capturing
-// a graph. Attention's strided batched products (gemm_strided_batched) stay TF32 under bf16:
+// (`other` memory) at its first use, keeping what it outgrew (a queued GEMM may read it), or is
+// sized once by reserve_bf16_scratch: run a step, or reserve, before capturing a graph. Attention's strided batched products (gemm_strided_batched) stay TF32 under bf16:
 // their operands are strided views into a larger buffer, not worth rounding whole.
 #pragma once
 
@@ -82,6 +82,7 @@ inline const char* name(gemm_math m) noexcept {
 #include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
@@ -122,17 +123,21 @@ namespace detail {
 struct bf16_operands {
   bf16_rounding round = nullptr;
   buffer<bf16, cuda_space> scratch;
+  // Outgrown scratch, kept until the handle goes: a GEMM queued earlier may still read it, and
+  // freeing device memory (cudaFree) would wait for the whole device, collectives of other
+  // ranks' streams included, in the middle of a step. A step's growth is its GEMMs' sizes, once.
+  std::vector<buffer<bf16, cuda_space>> retired;
 
-  // At least `count` elements. Growing frees the old memory once `stream`, the one stream that
-  // uses the handle at a time, has finished the GEMMs that read it.
+  // At least `count` elements, made on the host's first call that needs them (not while the
+  // stream is captured into a graph: a graph would keep the address of memory later retired).
   bf16* reserve(std::size_t count, cudaStream_t stream) {
     if (scratch.size() < count) {
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
       TRIDENT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
       TRIDENT_EXPECT(capturing == cudaStreamCaptureStatusNone, "nn::cuda::gemm: gemm_math::bf16 needs ", count,
                      " elements of operand scratch and has ", scratch.size(), " while the stream is captured into a "
-                     "graph; run the step once before capturing it");
-      TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream));
+                     "graph; run the step once before capturing it, or reserve_bf16_scratch() first");
+      if (!scratch.empty()) retired.push_back(std::move(scratch));
       scratch = buffer<bf16, cuda_space>(count, mem_category::other);
     }
     return scratch.data();
@@ -210,8 +215,25 @@ class cublas_handle {
     bf16_->round = rounding;
     set_math(m);
   }
-  //! The device memory that gemm_math::bf16's rounded operands took so far (`other` memory).
-  std::size_t bf16_scratch_bytes() const noexcept { return bf16_ ? bf16_->scratch.size() * sizeof(bf16) : 0; }
+  //! The device memory that gemm_math::bf16's rounded operands took so far (`other` memory),
+  //! outgrown scratch included.
+  std::size_t bf16_scratch_bytes() const noexcept {
+    if (!bf16_) return 0;
+    std::size_t elements = bf16_->scratch.size();
+    for (const auto& old : bf16_->retired) elements += old.size();
+    return elements * sizeof(bf16);
+  }
+  //! Makes gemm_math::bf16's scratch `elements` long now (the two operands of the largest GEMM,
+  //! each 128-element aligned), so that no GEMM grows it later: before capturing a graph, or to
+  //! keep outgrown scratch from piling up. Call it while no GEMM through the handle is queued.
+  void reserve_bf16_scratch(std::size_t elements) {
+    TRIDENT_EXPECT(bf16_ != nullptr, "cublas_handle::reserve_bf16_scratch on a moved-from handle");
+    if (bf16_->scratch.size() < elements) {
+      bf16_->scratch = buffer<bf16, cuda_space>();
+      bf16_->scratch = buffer<bf16, cuda_space>(elements, mem_category::other);
+    }
+    bf16_->retired.clear();
+  }
   detail::bf16_operands* bf16_operands() const noexcept { return bf16_.get(); }
 
  private:
@@ -289,7 +311,7 @@ inline std::pair<const bf16*, const bf16*> round_operands(const blas_ref& blas, 
 }  // namespace detail
 
 //! Row-major C[m, n] = alpha op(A) op(B) + beta C on bf16 operands in device memory: bf16 tensor
-//! cores (FP32 before sm_80, as cuBLAS emulates them), FP32 sums, C in float, whatever blas.math
+//! cores (compute capability 8.0+), FP32 sums, C in float, whatever blas.math
 //! says (it is about float operands). k = 0 is refused (gemm on floats handles it).
 //!
 //!   nn::cuda::gemm(blas, stream, nn::op::n, nn::op::t, m, n, k, 1.0f, x16, k, w16, k, 0.0f, y, n);

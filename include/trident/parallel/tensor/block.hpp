@@ -18,7 +18,8 @@
 // over this rank's rows, all-reduced over the group (one call of 4 x hidden floats).
 //
 //   struct block_config       seq, batch, hidden, heads, ffn (0: 4 x hidden), eps,
-//                             sequence_parallel, selective_recompute, flash_attention, flash_bf16
+//                             sequence_parallel, selective_recompute, flash_attention, flash_bf16,
+//                             bf16_gemm
 //   template <class T, class Space = host_space> struct block_tensors
 //                             one span per parameter, in parameters() order (device_span on CUDA)
 //   class transformer_block   forward(tp, w, x, y, saved), backward(tp, w, saved, dy, dx, grads),
@@ -101,6 +102,13 @@ struct block_config {
   //! With flash_attention: the tiles of nn::cuda::flash_attention_bf16 instead (scores in
   //! registers, bf16 tensor-core products: q, k, v, dout, P and dS rounded to bf16).
   bool flash_bf16 = false;
+  //! The four linear layers' GEMMs on operands rounded to bf16, float sums and results
+  //! (gemm_math::bf16, PyTorch autocast's arithmetic): the GPU block runs them so whatever its
+  //! blas_ref's math; the host block emulates them (the layers' bf16_operands: rounded copies),
+  //! the serial reference of such a GPU run. The attention's own products are not covered (the
+  //! GPU's unfused attention runs TF32 there): a reference for them takes flash_attention, whose
+  //! tiles the host emulates.
+  bool bf16_gemm = false;
 };
 
 //! The block's parameters (or their gradients), one span each, this rank's parts: std::span in
@@ -188,6 +196,7 @@ class transformer_block {
     // Any communicator: forward and backward need a host one, while tensor::cuda's block keeps
     // its shapes and parameters here.
     local_heads_ = c_.heads / static_cast<std::size_t>(parts_);
+    qkv_.bf16_operands = proj_.bf16_operands = fc1_.bf16_operands = fc2_.bf16_operands = c_.bf16_gemm;
   }
 
   //! Under selective recomputation: uses `other`'s attention workspace (a block of the same

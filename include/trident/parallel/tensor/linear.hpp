@@ -29,6 +29,11 @@
 //   gelu::backward(h, da, dh);
 //   fc1.backward(tp, batch, x, w1, dh, dx, dw1, db1);   // dx summed over the group
 //
+// bf16_operands (off by default) emulates the GPU's gemm_math::bf16 (nn/cuda/cublas.hpp): each
+// GEMM multiplies copies of its operands rounded to bf16 (core/half.hpp's rounding) and sums in
+// float, the bias and its gradient stay float. It is the serial reference for a GPU run with bf16
+// GEMMs, not a speed-up: the copies cost time and memory on the host.
+//
 // Bad shapes are usage_errors naming the layer and the sizes: features that t does not divide
 // (at construction), a communicator of another size than the layer was built for, spans of the
 // wrong size. The shapes and shardings serve any communicator (parallel/tensor/cuda/linear.cuh
@@ -37,9 +42,11 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "trident/comm/communicator.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/half.hpp"
 #include "trident/model/sharding.hpp"
 #include "trident/nn/gemm.hpp"
 #include "trident/nn/linear.hpp"
@@ -61,6 +68,28 @@ template <class Comm>
 void check_group(const std::string& name, const char* call, const Comm& tp, int parts) {
   TRIDENT_EXPECT(tp.size() == parts, name, ".", call, ": the tensor-parallel communicator has ", tp.size(),
                  " ranks, but the layer was built for ", parts, "; expected the tensor group of the same process_grid");
+}
+
+// A GEMM operand as bf16_operands multiplies it: `v` itself, or a copy rounded to bf16 in `copy`.
+inline std::span<const float> operand(std::span<const float> v, bool bf16, std::vector<float>& copy) {
+  if (!bf16) return v;
+  copy.resize(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) copy[i] = static_cast<float>(trident::bf16(v[i]));
+  return copy;
+}
+
+// dW += dy^T x and db += the column sums of dy (nn::linear's weight gradients), the GEMM on
+// bf16-rounded copies of dy and x under bf16 operands, db from dy as it is (the GPU's bias
+// gradient sums the float dy).
+inline void weight_gradients(const nn::linear& layer, bool bf16, std::size_t batch, std::span<const float> x,
+                             std::span<const float> dy, std::span<float> dw, std::span<float> db) {
+  if (!bf16) {
+    layer.backward(batch, x, {}, dy, {}, dw, db);
+    return;
+  }
+  std::vector<float> x16, dy16;
+  layer.backward(batch, operand(x, true, x16), {}, operand(dy, true, dy16), {}, dw, {});
+  if (!db.empty()) nn::detail::add_column_sums(db.data(), dy.data(), batch, layer.out_features);
 }
 
 }  // namespace detail
@@ -95,6 +124,9 @@ class column_parallel_linear {
   //! Whether backward overlaps the input gradient's all-reduce with the weight-gradient GEMM
   //! (Megatron's asynchronous tensor-parallel communication); the results are the same.
   bool overlap = true;
+  //! Whether the GEMMs multiply bf16-rounded copies of their operands: the GPU's
+  //! gemm_math::bf16, emulated (see the header comment).
+  bool bf16_operands = false;
 
   //! y [batch, out/t] = x [batch, in] W_r^T + b_r; x is the same on every rank of the group (f).
   template <communicator Comm>
@@ -105,7 +137,8 @@ class column_parallel_linear {
     trident::nn::detail::check_linear_forward((name_ + ".forward").c_str(), batch, local_.in_features, local_.out_features,
                                               x.size(), w.size(), b.size(), y.size());
     copy_to_region::forward(tp, x, x);  // f: nothing moves
-    local_.forward(batch, x, w, b, y);
+    std::vector<float> x16, w16;
+    local_.forward(batch, detail::operand(x, bf16_operands, x16), detail::operand(w, bf16_operands, w16), b, y);
   }
 
   //! dx [batch, in] = sum over the group of dy_r W_r (overwritten; empty: not wanted, and then
@@ -119,7 +152,7 @@ class column_parallel_linear {
     trident::nn::detail::check_linear_backward((name_ + ".backward").c_str(), batch, in, out, x.size(), w.size(),
                                                dy.size(), dx.size(), dw.size(), db.size());
     if (dx.empty()) {
-      local_.backward(batch, x, {}, dy, {}, dw, db);
+      detail::weight_gradients(local_, bf16_operands, batch, x, dy, dw, db);
       return;
     }
     // This rank's share of dx first, then its sum over the group (f's backward) runs while the
@@ -156,14 +189,16 @@ class column_parallel_linear {
                           std::span<float> partial, std::span<float> dw, std::span<float> db, Reduce&& reduce,
                           Start&& start) const {
     const std::size_t in = local_.in_features, out = local_.out_features;
-    nn::gemm(nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, partial.data(), in);
+    std::vector<float> dy16, w16;
+    const auto dy_in = detail::operand(dy, bf16_operands, dy16), w_in = detail::operand(w, bf16_operands, w16);
+    nn::gemm(nn::op::n, nn::op::n, batch, in, out, 1.0f, dy_in.data(), out, w_in.data(), in, 0.0f, partial.data(), in);
     if (!overlap) {
       reduce();
-      local_.backward(batch, x, {}, dy, {}, dw, db);
+      detail::weight_gradients(local_, bf16_operands, batch, x, dy, dw, db);
       return;
     }
     auto pending = start();
-    local_.backward(batch, x, {}, dy, {}, dw, db);
+    detail::weight_gradients(local_, bf16_operands, batch, x, dy, dw, db);
     pending.wait();
   }
 
@@ -198,6 +233,9 @@ class row_parallel_linear {
   const sharding& weight_sharding() const noexcept { return weight_; }
   const sharding& bias_sharding() const noexcept { return bias_; }
   const nn::linear& local() const noexcept { return local_; }
+  //! Whether the GEMMs multiply bf16-rounded copies of their operands: the GPU's
+  //! gemm_math::bf16, emulated (see the header comment).
+  bool bf16_operands = false;
 
   //! y [batch, out] = sum over the group of x_r W_r^T (g), then + b; the same on every rank.
   template <communicator Comm>
@@ -207,8 +245,9 @@ class row_parallel_linear {
     detail::check_group(name_, "forward", tp, parts_);
     trident::nn::detail::check_linear_forward((name_ + ".forward").c_str(), batch, local_.in_features, local_.out_features,
                                               x.size(), w.size(), b.size(), y.size());
-    local_.forward(batch, x, w, {}, y);  // the bias comes after the sum
-    reduce_from_region::forward(tp, y, y);
+    std::vector<float> x16, w16;
+    local_.forward(batch, detail::operand(x, bf16_operands, x16), detail::operand(w, bf16_operands, w16), {}, y);  // the bias
+    reduce_from_region::forward(tp, y, y);                                                                       // after the sum
     const std::size_t out = local_.out_features;
     if (!b.empty()) trident::nn::detail::add_bias_rows(y.data(), b.data(), batch, out);
   }
@@ -226,7 +265,8 @@ class row_parallel_linear {
     TRIDENT_EXPECT(batch % static_cast<std::size_t>(parts_) == 0 && y.size() * static_cast<std::size_t>(parts_) == partial.size(),
                    name_, ".forward_to_sequence: y has ", y.size(), " elements, expected [", batch, " / ", parts_, ", ",
                    local_.out_features, "] (this rank's rows)");
-    local_.forward(batch, x, w, {}, partial);
+    std::vector<float> x16, w16;
+    local_.forward(batch, detail::operand(x, bf16_operands, x16), detail::operand(w, bf16_operands, w16), {}, partial);
     reduce_scatter_to_sequence::forward(tp, partial, y);
     const std::size_t out = local_.out_features, rows = batch / static_cast<std::size_t>(parts_);
     if (!b.empty()) trident::nn::detail::add_bias_rows(y.data(), b.data(), rows, out);
@@ -244,7 +284,13 @@ class row_parallel_linear {
     trident::nn::detail::check_linear_backward((name_ + ".backward").c_str(), batch, local_.in_features,
                                                local_.out_features, x.size(), w.size(), dy.size(), dx.size(), dw.size(),
                                                db.size());
-    local_.backward(batch, x, w, dy, dx, dw, db);
+    if (!bf16_operands) {
+      local_.backward(batch, x, w, dy, dx, dw, db);
+      return;
+    }
+    std::vector<float> x16, w16, dy16;
+    local_.backward(batch, detail::operand(x, true, x16), detail::operand(w, true, w16), detail::operand(dy, true, dy16), dx, dw, {});
+    if (!db.empty()) nn::detail::add_column_sums(db.data(), dy.data(), batch, local_.out_features);
   }
 
  private:

@@ -12,6 +12,7 @@
 // LayerNorm, attention and GELU kernels) on a cuda_context's compute stream, the four
 // all-reduces per step on the communicator's stream, ordered by events (tensor::cuda's linear
 // layers: backward's input-gradient all-reduces overlap their weight-gradient GEMMs).
+// With block_config::bf16_gemm its GEMMs run in gemm_math::bf16 whatever the blas_ref's math.
 // With block_config::flash_attention the attention core is nn::cuda::flash_attention (with flash_bf16,
 // nn::cuda::flash_attention_bf16): the saved
 // activation "probs" holds each row's log-sum-exp instead, and backward's "ds" scratch its delta.
@@ -123,6 +124,7 @@ class transformer_block {
   void forward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, const weights& w, device_span<const float> x,
                device_span<float> y, block_activations& s) const {
     tensor::detail::check_group(name(), "forward", tp, parts());
+    blas = gemms(blas);
     const std::size_t n = rows(), m = local_rows(), h = config().hidden;
     TRIDENT_EXPECT(x.size() == m * h && y.size() == m * h, name(), ".forward: x and y must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", x.size(), " and ", y.size());
@@ -170,6 +172,7 @@ class transformer_block {
   void backward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, const weights& w, const block_activations& s,
                 device_span<const float> dy, device_span<float> dx, const gradients& g) const {
     tensor::detail::check_group(name(), "backward", tp, parts());
+    blas = gemms(blas);
     const std::size_t n = rows(), m = local_rows(), h = config().hidden;
     TRIDENT_EXPECT(dy.size() == m * h && dx.size() == m * h, name(), ".backward: dy and dx must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", dy.size(), " and ", dx.size());
@@ -251,6 +254,16 @@ class transformer_block {
  private:
   const std::string& name() const noexcept { return name_; }
   int parts() const noexcept { return qkv_.shape().parts(); }
+  // The blas_ref the block's GEMMs run with: the caller's, or under block_config::bf16_gemm the
+  // same handle in gemm_math::bf16 (its rounding kernel set here if the handle has none yet).
+  nn::blas_ref gemms(nn::blas_ref blas) const {
+    if (!config().bf16_gemm) return blas;
+    TRIDENT_EXPECT(blas.bf16 != nullptr, name(), ": block_config::bf16_gemm rounds the GEMMs' operands into a cublas_handle's "
+                   "scratch; this blas_ref was made from a raw cublasHandle_t");
+    if (blas.bf16->round == nullptr) blas.bf16->round = &nn::cuda::round_to_bf16;
+    blas.math = nn::gemm_math::bf16;
+    return blas;
+  }
   std::size_t rows() const noexcept { return shape_.rows(); }
   std::size_t local_rows() const noexcept { return shape_.local_rows(); }
   const char* rows_name() const noexcept { return config().sequence_parallel ? "seq / t x batch" : "seq x batch"; }
