@@ -58,6 +58,19 @@ double normwise(const std::vector<float>& got, const std::vector<float>& want) {
   }
   return diff / norm;
 }
+// The largest absolute difference between two vectors of one size.
+double largest_difference(const std::vector<float>& x, const std::vector<float>& y) {
+  double w = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) w = std::max(w, std::abs(static_cast<double>(x[i]) - y[i]));
+  return w;
+}
+
+// v rounded to TF32: at bit 13, ties away (a test's reference, not the tensor cores' rule).
+float to_tf32(float v) {
+  const auto bits = trident::detail::bit_cast<std::uint32_t>(v);
+  return trident::detail::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);
+}
+
 struct attention_case {
   std::size_t seq, batch, heads, head_dim;
 };
@@ -120,15 +133,7 @@ TEST_CASE("cuda::gemm and gemm_strided_batched in tf32 math: tensor cores on TF3
     return c;
   };
   const auto as_is = [](float v) { return v; };
-  const auto nearest = [](float v) {  // to TF32: round at bit 13 (ties away: a test's reference)
-    const auto bits = trident::detail::bit_cast<std::uint32_t>(v);
-    return trident::detail::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);
-  };
-  auto worst = [](const std::vector<float>& x, const std::vector<float>& y) {
-    double w = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) w = std::max(w, std::abs(static_cast<double>(x[i]) - y[i]));
-    return w;
-  };
+  const auto nearest = to_tf32;
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   const std::size_t count = 3, m = 64, n = 48, k = 320;
@@ -143,15 +148,15 @@ TEST_CASE("cuda::gemm and gemm_strided_batched in tf32 math: tensor cores on TF3
                                    batched.data(), n, m * n, count);
     const auto one = trident::to_vector(single), all = trident::to_vector(batched);
     const auto first = [&](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m * n)); };
-    MESSAGE(std::string(nn::name(math)), " math: largest difference from the exact product ", worst(all, exact),
-            ", from the TF32 operands' ", worst(all, tf32));
+    MESSAGE(std::string(nn::name(math)), " math: largest difference from the exact product ", largest_difference(all, exact),
+            ", from the TF32 operands' ", largest_difference(all, tf32));
     if (math == nn::gemm_math::fp32) {
-      CHECK(worst(one, first(exact)) <= 1e-4);
-      CHECK(worst(all, exact) <= 1e-4);
+      CHECK(largest_difference(one, first(exact)) <= 1e-4);
+      CHECK(largest_difference(all, exact) <= 1e-4);
     } else if (major >= 8) {  // TF32 tensor cores (before sm_80 cuBLAS computes this in FP32)
-      CHECK(worst(all, exact) > 1e-3);                          // the operands were rounded
-      CHECK(worst(all, tf32) < worst(all, exact) / 4);          // to TF32
-      CHECK(worst(one, first(tf32)) < worst(one, first(exact)) / 4);
+      CHECK(largest_difference(all, exact) > 1e-3);                              // the operands were rounded
+      CHECK(largest_difference(all, tf32) < largest_difference(all, exact) / 4);  // to TF32
+      CHECK(largest_difference(one, first(tf32)) < largest_difference(one, first(exact)) / 4);
     }
   }
   // A raw handle is FP32 math; a cublas_handle carries its own.
@@ -201,11 +206,6 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
     for (auto& x : v) x = static_cast<float>(trident::bf16(x));
     return v;
   };
-  auto worst = [](const std::vector<float>& x, const std::vector<float>& y) {
-    double w = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) w = std::max(w, std::abs(static_cast<double>(x[i]) - y[i]));
-    return w;
-  };
   int major = 0;
   TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major < 8) {  // bf16 tensor cores: cuBLAS may refuse bf16 operands before sm_80
@@ -243,7 +243,7 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
       auto dc2 = to_device(c0);
       nn::cuda::gemm(blas, nullptr, op_a, op_b, m, n, k, 0.5f, a16.data(), lda, b16.data(), ldb, 2.0f, dc2.data(), n);
       TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
-      CHECK(worst(trident::to_vector(dc2), got) <= 1e-5);
+      CHECK(largest_difference(trident::to_vector(dc2), got) <= 1e-5);
     }
   // The scratch held both operands of the largest GEMM, as `other` memory; it does not grow again.
   const std::size_t scratch = blas.bf16_scratch_bytes();
@@ -275,13 +275,9 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
     // Attention's strided batched products stay TF32 under bf16 math: closer to the TF32
     // operands' product than to the bf16 ones'.
     {
-      const auto tf32 = [](float v) {
-        const auto bits = trident::detail::bit_cast<std::uint32_t>(v);
-        return trident::detail::bit_cast<float>((bits + 0x1000u) & 0xffffe000u);
-      };
       std::vector<float> ta = a, tb = b, want_tf32(m * n, 0.0f), want_bf16(m * n, 0.0f);
-      for (auto& x : ta) x = tf32(x);
-      for (auto& x : tb) x = tf32(x);
+      for (auto& x : ta) x = to_tf32(x);
+      for (auto& x : tb) x = to_tf32(x);
       nn::gemm(nn::op::n, nn::op::n, m, n, k, 1.0f, ta.data(), k, tb.data(), n, 0.0f, want_tf32.data(), n);
       const auto ra = rounded_copy(a), rb = rounded_copy(b);
       nn::gemm(nn::op::n, nn::op::n, m, n, k, 1.0f, ra.data(), k, rb.data(), n, 0.0f, want_bf16.data(), n);
@@ -289,7 +285,7 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
                                      0.0f, dc.data(), n, m * n, 1);
       TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
       const auto got = trident::to_vector(dc);
-      CHECK(worst(got, want_tf32) < worst(got, want_bf16) / 4);
+      CHECK(largest_difference(got, want_tf32) < largest_difference(got, want_bf16) / 4);
     }
   }
 

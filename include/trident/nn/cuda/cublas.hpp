@@ -75,6 +75,7 @@ inline const char* name(gemm_math m) noexcept {
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -293,19 +294,36 @@ inline std::size_t stored_extent(op o, std::size_t rows, std::size_t cols, std::
   return (stored_rows - 1) * ld + stored_cols;
 }
 
-// gemm_math::bf16: a's and b's first a_count and b_count elements rounded to bf16 into the
-// handle's scratch, b's copy 256-byte aligned after a's, on `stream`.
-inline std::pair<const bf16*, const bf16*> round_operands(const blas_ref& blas, cudaStream_t stream, const float* a,
-                                                          std::size_t a_count, const float* b, std::size_t b_count) {
+// gemm_math::bf16: each operand's first `count` elements rounded to bf16 into the handle's
+// scratch, one after the other, each 256-byte aligned, on `stream` (an empty one: nullptr). The
+// copies stay valid until the next rounding through the same handle.
+template <std::size_t N>
+std::array<const bf16*, N> round_all(const blas_ref& blas, cudaStream_t stream,
+                                     const std::array<std::pair<const float*, std::size_t>, N>& operands) {
   TRIDENT_EXPECT(blas.bf16 != nullptr && blas.bf16->round != nullptr,
                  "nn::cuda::gemm: gemm_math::bf16 needs a cublas_handle's rounding kernel and scratch "
                  "(nn::cuda::use_bf16_gemm(handle)); this blas_ref has none (made from a raw cublasHandle_t?)");
   constexpr std::size_t align = 256 / sizeof(bf16);
-  const std::size_t b_at = (a_count + align - 1) / align * align;
-  bf16* scratch = blas.bf16->reserve(b_at + b_count, stream);
-  blas.bf16->round(a, scratch, a_count, stream);
-  blas.bf16->round(b, scratch + b_at, b_count, stream);
-  return {scratch, scratch + b_at};
+  std::array<std::size_t, N> at{};
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    at[i] = total;
+    total += (operands[i].second + align - 1) / align * align;
+  }
+  bf16* scratch = blas.bf16->reserve(total, stream);
+  std::array<const bf16*, N> out{};
+  for (std::size_t i = 0; i < N; ++i) {
+    if (operands[i].second == 0) continue;
+    blas.bf16->round(operands[i].first, scratch + at[i], operands[i].second, stream);
+    out[i] = scratch + at[i];
+  }
+  return out;
+}
+
+inline std::pair<const bf16*, const bf16*> round_operands(const blas_ref& blas, cudaStream_t stream, const float* a,
+                                                          std::size_t a_count, const float* b, std::size_t b_count) {
+  const auto r = round_all<2>(blas, stream, {{{a, a_count}, {b, b_count}}});
+  return {r[0], r[1]};
 }
 
 }  // namespace detail

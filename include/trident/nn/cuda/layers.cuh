@@ -344,19 +344,63 @@ struct linear {
   }
 
   //! dx = dy W (overwritten; skipped when empty, and then W may be empty), dW += dy^T x,
-  //! db += column sums of dy (accumulated; db empty: no bias).
+  //! db += column sums of dy (accumulated; db empty: no bias). Under gemm_math::bf16, dy is
+  //! rounded once for both GEMMs (round_for_backward), not once per GEMM.
   void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
     const std::size_t in = in_features, out = out_features;
     nn::detail::check_linear_backward("cuda::linear::backward", batch, in, out, x.size(), w.size(), dy.size(),
                                       dx.size(), dw.size(), db.size());
-    if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
-    gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
-    if (!db.empty()) {
-      detail::bias_grad_kernel<><<<detail::param_grid(out), dim3(detail::param_tile, detail::param_rows), 0, stream>>>(dy, db, batch);
-      TRIDENT_CUDA_CHECK(cudaGetLastError());
+    if (handle.math == gemm_math::bf16) {
+      const auto r = round_for_backward(handle, stream, batch, x, dx.empty() ? device_span<const float>{} : w, dy);
+      if (!dx.empty()) input_gradient(handle, stream, batch, r, dx);
+      weight_gradient(handle, stream, batch, r, dw);
+    } else {
+      if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
+      gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
     }
+    bias_gradient(stream, batch, dy, db);
+  }
+
+  //! backward's operands rounded to bf16 once, for gemm_math::bf16: valid until the next GEMM
+  //! through the same handle (its scratch). w may be empty (no input gradient wanted).
+  struct rounded_operands {
+    const bf16* x = nullptr;
+    const bf16* w = nullptr;
+    const bf16* dy = nullptr;
+  };
+  rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+                                   device_span<const float> w, device_span<const float> dy) const {
+    TRIDENT_EXPECT(x.size() == batch * in_features && dy.size() == batch * out_features &&
+                       (w.empty() || w.size() == weight_size()),
+                   "cuda::linear::round_for_backward: x, w, dy have ", x.size(), ", ", w.size(), ", ", dy.size(),
+                   " elements, expected [", batch, ", ", in_features, "], [", out_features, ", ", in_features, "] or none, [",
+                   batch, ", ", out_features, "]");
+    const auto r = detail::round_all<3>(handle, stream, {{{x.data(), x.size()}, {w.data(), w.size()}, {dy.data(), dy.size()}}});
+    return {r[0], r[1], r[2]};
+  }
+  //! dx = dy W (overwritten) from round_for_backward's copies (which must hold W).
+  void input_gradient(blas_ref handle, cudaStream_t stream, std::size_t batch, const rounded_operands& r, device_span<float> dx) const {
+    TRIDENT_EXPECT(r.w != nullptr && dx.size() == batch * in_features, "cuda::linear::input_gradient: dx has ", dx.size(),
+                   " elements, expected [", batch, ", ", in_features, "], and the rounded operands must hold W");
+    gemm(handle, stream, op::n, op::n, batch, in_features, out_features, 1.0f, r.dy, out_features, r.w, in_features, 0.0f,
+         dx.data(), in_features);
+  }
+  //! dW += dy^T x from round_for_backward's copies.
+  void weight_gradient(blas_ref handle, cudaStream_t stream, std::size_t batch, const rounded_operands& r, device_span<float> dw) const {
+    TRIDENT_EXPECT(dw.size() == weight_size(), "cuda::linear::weight_gradient: dW has ", dw.size(), " elements, expected ",
+                   weight_size());
+    if (batch == 0) return;  // nothing to add (cuBLAS on bf16 refuses k = 0)
+    gemm(handle, stream, op::t, op::n, out_features, in_features, batch, 1.0f, r.dy, out_features, r.x, in_features, 1.0f,
+         dw.data(), in_features);
+  }
+  //! db += column sums of dy (db empty: nothing), in float.
+  void bias_gradient(cudaStream_t stream, std::size_t batch, device_span<const float> dy, device_span<float> db) const {
+    if (db.empty()) return;
+    detail::bias_grad_kernel<><<<detail::param_grid(out_features), dim3(detail::param_tile, detail::param_rows), 0, stream>>>(
+        dy, db, batch);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
   }
 };
 

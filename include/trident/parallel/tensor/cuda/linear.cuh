@@ -2,7 +2,8 @@
 #pragma once
 // The tensor-parallel linear layers of parallel/tensor/linear.hpp on the GPU, over a device
 // communicator (nccl_comm): the same shapes, shardings and checks (the host classes describe
-// them), the GEMMs with cuBLAS (FP32, no TF32) on a cuda_context's compute stream, the
+// them), the GEMMs with cuBLAS in the blas_ref's math (FP32 unless asked; under bf16 each
+// backward rounds dy once for both its GEMMs) on a cuda_context's compute stream, the
 // collectives on the communicator's stream, the two ordered by events both ways, as llm.c
 // hands its compute stream to NCCL's. Nothing here waits on the host or allocates.
 //
@@ -58,6 +59,34 @@ inline void add_bias(cudaStream_t stream, device_span<float> y, device_span<cons
 
 //! tensor::column_parallel_linear on the GPU (see the header comment).
 class column_parallel_linear {
+  // dx = dy W_r on the compute stream now; returns what computes dW += dy^T x and db later
+  // (beside the collective on dx). Under gemm_math::bf16, x, W and dy are rounded once here for
+  // both GEMMs: the copies in the handle's scratch stay valid, as nothing else runs a GEMM
+  // through the handle in between (the collective only reads dx). Defined before its callers,
+  // which use its deduced return type.
+  static auto input_gradient(const cuda_context& ctx, nn::blas_ref blas, const nn::cuda::linear& layer, std::size_t batch,
+                             device_span<const float> x, device_span<const float> w, device_span<const float> dy,
+                             device_span<float> dx, device_span<float> dw, device_span<float> db) {
+    const cudaStream_t stream = ctx.stream();
+    const std::size_t in = layer.in_features, out = layer.out_features;
+    nn::cuda::linear::rounded_operands r;
+    const bool bf16 = blas.math == nn::gemm_math::bf16;
+    if (bf16) {
+      r = layer.round_for_backward(blas, stream, batch, x, w, dy);
+      layer.input_gradient(blas, stream, batch, r, dx);
+    } else {
+      nn::cuda::gemm(blas, stream, nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
+    }
+    return [=] {
+      if (!bf16) {
+        layer.backward(blas, stream, batch, x, {}, dy, {}, dw, db);
+        return;
+      }
+      layer.weight_gradient(blas, stream, batch, r, dw);
+      layer.bias_gradient(stream, batch, dy, db);
+    };
+  }
+
  public:
   template <communicator Comm>
   column_parallel_linear(const Comm& tp, std::size_t in_features, std::size_t out_features,
@@ -92,12 +121,11 @@ class column_parallel_linear {
       layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
       return;
     }
-    nn::cuda::gemm(blas, ctx.stream(), nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(),
-                   in);
-    if (!overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+    const auto weights = input_gradient(ctx, blas, layer, batch, x, w, dy, dx, dw, db);
+    if (!overlap) weights();
     ctx.hand_to(tp.stream());  // the all-reduce starts once dx is written
     tp.all_reduce(space_span<float, cuda_space>(dx.data(), dx.size()), reduce_op::sum);  // enqueued, not waited for
-    if (overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);      // meanwhile
+    if (overlap) weights();                                                             // meanwhile
     ctx.order_after(tp.stream());  // what follows on the compute stream sees the sum
   }
 
@@ -117,13 +145,12 @@ class column_parallel_linear {
     TRIDENT_EXPECT(batch % t == 0 && dx.size() * t == partial.size(), name(), ".backward_to_sequence: dx has ", dx.size(),
                    " elements, expected [", batch, " / ", tp_size(), ", ", in, "] (this rank's rows)");
     const nn::cuda::linear layer{in, out};
-    nn::cuda::gemm(blas, ctx.stream(), nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f,
-                   partial.data(), in);
-    if (!overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+    const auto weights = input_gradient(ctx, blas, layer, batch, x, w, dy, partial, dw, db);
+    if (!overlap) weights();
     ctx.hand_to(tp.stream());
     tp.reduce_scatter(space_span<const float, cuda_space>(partial.data(), partial.size()),
                       space_span<float, cuda_space>(dx.data(), dx.size()), reduce_op::sum);
-    if (overlap) layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);
+    if (overlap) weights();
     ctx.order_after(tp.stream());
   }
 
