@@ -313,6 +313,22 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
   check_close(trident::to_vector(d_dx), dx, 1e-4, 1e-5, "bf16 dx");
   check_close(trident::to_vector(d_dw), dw, 1e-4, 1e-5, "bf16 dW");
   check_close(trident::to_vector(d_db), db, 2e-5, 1e-5, "db (float dy)");
+
+  // Empty shapes as the float path takes them: no output features (dx = 0, an empty sum), no rows.
+  {
+    const nn::cuda::linear none{.in_features = 8, .out_features = 0};
+    auto d_x0 = to_device(random_vector(3 * 8, 31));
+    auto d_dx0 = nans(3 * 8);
+    buffer<float, cuda_space> empty_w(0), empty_dy(0), empty_dw(0), empty_db(0);
+    none.backward(blas, nullptr, 3, d_x0.device_handle(), empty_w.device_handle(), empty_dy.device_handle(), d_dx0.device_handle(),
+                  empty_dw.device_handle(), empty_db.device_handle());
+    buffer<float, cuda_space> no_x(0), no_dx(0);
+    fc.backward(blas, nullptr, 0, no_x.device_handle(), d_w.device_handle(), empty_dy.device_handle(), no_dx.device_handle(),
+                d_dw.device_handle(), d_db.device_handle());
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(trident::to_vector(d_dx0) == std::vector<float>(3 * 8, 0.0f));
+    check_close(trident::to_vector(d_dw), dw, 1e-4, 1e-5, "dW unchanged by no rows");
+  }
 }
 
 TEST_CASE("cuda::linear matches nn::linear, accumulating dW and db like the host") {

@@ -45,13 +45,16 @@
 // same errors to the last digit) at TF32's speed (bench/RESULTS.md, 2026-11-26): bf16 tensor
 // cores at their speed need bf16 operands in memory. So gemm_math::bf16 rounds both float
 // operands to bf16 (to nearest, ties to even: core/half.hpp's rounding) into the handle's scratch
+// (a linear layer's backward rounds x, W and dy once for its two GEMMs: nn::cuda::linear)
 // and runs cublasGemmEx on them with FP32 sums and a float C, what PyTorch's autocast to bf16
 // does to a matmul's inputs. Rounding is a kernel, and this header is host code, so the kernel
 // comes from a translation unit compiled with nvcc: nn::cuda::use_bf16_gemm(handle) in
-// nn/cuda/layers.cuh passes it to set_math. The scratch grows to the largest GEMM's operands
-// (`other` memory) at its first use, keeping what it outgrew (a queued GEMM may read it), or is
-// sized once by reserve_bf16_scratch: run a step, or reserve, before capturing a graph. Attention's strided batched products (gemm_strided_batched) stay TF32 under bf16:
-// their operands are strided views into a larger buffer, not worth rounding whole.
+// nn/cuda/layers.cuh passes it to set_math. The scratch grows to the most operands rounded at
+// once (`other` memory) at first use, keeping what it outgrew (a queued GEMM may read it), or is
+// sized once by reserve_bf16_scratch: run a step, or reserve, before capturing a graph. Rounded
+// copies serve work on the stream that rounded them: one handle, one stream at a time.
+// Attention's strided batched products (gemm_strided_batched) stay TF32 under bf16: their
+// operands are strided views into a larger buffer, not worth rounding whole.
 #pragma once
 
 #include "trident/core/config.hpp"
@@ -119,8 +122,9 @@ using bf16_rounding = void (*)(const float* in, bf16* out, std::size_t count, cu
 
 namespace detail {
 
-// gemm_math::bf16's operands: the rounding kernel and device memory for the largest GEMM's two
-// operands so far. Owned by a cublas_handle (at a stable address: blas_refs point to it).
+// gemm_math::bf16's operands: the rounding kernel and device memory for the most operands
+// rounded at once so far (a GEMM's two, a linear backward's three: x, W and dy). Owned by a
+// cublas_handle (at a stable address: blas_refs point to it).
 struct bf16_operands {
   bf16_rounding round = nullptr;
   buffer<bf16, cuda_space> scratch;
@@ -224,9 +228,11 @@ class cublas_handle {
     for (const auto& old : bf16_->retired) elements += old.size();
     return elements * sizeof(bf16);
   }
-  //! Makes gemm_math::bf16's scratch `elements` long now (the two operands of the largest GEMM,
-  //! each 128-element aligned), so that no GEMM grows it later: before capturing a graph, or to
-  //! keep outgrown scratch from piling up. Call it while no GEMM through the handle is queued.
+  //! Makes gemm_math::bf16's scratch `elements` long now, so that no GEMM grows it later: before
+  //! capturing a graph, or to keep outgrown scratch from piling up. Enough is the most rounded
+  //! at once, each operand rounded up to 128 elements: a GEMM's two, or a linear layer's
+  //! backward's x + W + dy (nn::cuda::linear::round_for_backward). Call it while no GEMM through
+  //! the handle is queued.
   void reserve_bf16_scratch(std::size_t elements) {
     TRIDENT_EXPECT(bf16_ != nullptr, "cublas_handle::reserve_bf16_scratch on a moved-from handle");
     if (bf16_->scratch.size() < elements) {
@@ -296,7 +302,8 @@ inline std::size_t stored_extent(op o, std::size_t rows, std::size_t cols, std::
 
 // gemm_math::bf16: each operand's first `count` elements rounded to bf16 into the handle's
 // scratch, one after the other, each 256-byte aligned, on `stream` (an empty one: nullptr). The
-// copies stay valid until the next rounding through the same handle.
+// copies are valid for work queued on the same stream until the next rounding through the same
+// handle (a rounding on another stream may overwrite them before that work runs).
 template <std::size_t N>
 std::array<const bf16*, N> round_all(const blas_ref& blas, cudaStream_t stream,
                                      const std::array<std::pair<const float*, std::size_t>, N>& operands) {

@@ -9,6 +9,11 @@
 //   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu
 //   void activation_backward<Act>(x, dy, dx, stream)
 //   void add_to(x, y, stream)                        y += x element-wise (residual connections)
+//     under gemm_math::bf16, backward's parts (dy rounded once for both GEMMs):
+//     rounded_operands round_for_backward(blas_ref, stream, batch, x, W, dy) const
+//     void input_gradient(blas_ref, stream, batch, rounded, dx) const    dx = dy W
+//     void weight_gradient(blas_ref, stream, batch, rounded, dW) const   dW += dy^T x
+//     void bias_gradient(stream, batch, dy, db) const                    db += column sums of dy
 //   void round_to_bf16(in, out, count, stream)       out = bf16(in): gemm_math::bf16's rounding
 //   void use_bf16_gemm(cublas_handle&)               the handle's GEMMs on bf16 operands from now on
 //   void mse_loss_forward(pred, target, device_span<float> loss, stream)          loss[0] = mean (pred - t)^2
@@ -363,8 +368,9 @@ struct linear {
     bias_gradient(stream, batch, dy, db);
   }
 
-  //! backward's operands rounded to bf16 once, for gemm_math::bf16: valid until the next GEMM
-  //! through the same handle (its scratch). w may be empty (no input gradient wanted).
+  //! backward's operands rounded to bf16 once, for gemm_math::bf16, into the handle's scratch:
+  //! valid for GEMMs queued on the same stream until the next rounding through the same handle
+  //! (on any stream). w may be empty (no input gradient wanted).
   struct rounded_operands {
     const bf16* x = nullptr;
     const bf16* w = nullptr;
@@ -382,8 +388,15 @@ struct linear {
   }
   //! dx = dy W (overwritten) from round_for_backward's copies (which must hold W).
   void input_gradient(blas_ref handle, cudaStream_t stream, std::size_t batch, const rounded_operands& r, device_span<float> dx) const {
-    TRIDENT_EXPECT(r.w != nullptr && dx.size() == batch * in_features, "cuda::linear::input_gradient: dx has ", dx.size(),
-                   " elements, expected [", batch, ", ", in_features, "], and the rounded operands must hold W");
+    TRIDENT_EXPECT(dx.size() == batch * in_features, "cuda::linear::input_gradient: dx has ", dx.size(), " elements, expected [",
+                   batch, ", ", in_features, "]");
+    if (dx.empty()) return;
+    if (out_features == 0) {  // an empty sum: dx = 0 (as gemm on floats does for k = 0)
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(dx.data(), 0, dx.size() * sizeof(float), stream));
+      return;
+    }
+    TRIDENT_EXPECT(r.w != nullptr, "cuda::linear::input_gradient: the rounded operands hold no W (round_for_backward "
+                   "was given none)");
     gemm(handle, stream, op::n, op::n, batch, in_features, out_features, 1.0f, r.dy, out_features, r.w, in_features, 0.0f,
          dx.data(), in_features);
   }
