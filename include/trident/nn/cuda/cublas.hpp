@@ -417,7 +417,8 @@ struct lt_call {
 //! Row-major y[m, n] = x[m, k] W[n, k]^T + bias[n] (a linear layer's forward) as one cuBLASLt
 //! matmul with the bias in its epilogue, in blas.math, on `stream`: the separate pass over y that
 //! adding the bias costs (0.10 ms of a 0.24 ms TF32 QKV projection at GPT-2 124M's size on an
-//! H200) is gone. Under gemm_math::bf16, x and W are rounded to bf16 first, as gemm's operands. Returns false, having done nothing, when blas carries no cuBLASLt handle (a raw
+//! H200) is gone. Under gemm_math::bf16, x and W are rounded to bf16 first, as gemm's operands.
+//! Returns false, having done nothing, when blas carries no cuBLASLt handle (a raw
 //! cublasHandle_t) or cuBLASLt offers no algorithm for the shape; the caller then runs gemm and
 //! adds the bias itself. The bias is added to the product in float before y is rounded once.
 inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::size_t n, std::size_t k, const float* x,
@@ -462,8 +463,8 @@ inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::si
 
 //! `count` row-major GEMMs C_i = alpha op(A_i) op(B_i) + beta C_i, where X_i = x + i stride_x
 //! (elements), in one cublasSgemmStridedBatched on `stream` (TF32 under gemm_math::bf16: see the
-//! header comment). The C_i must not overlap each other;
-//! they may interleave (attention writes each head's columns of rows shared by every head).
+//! header comment). The C_i must not overlap each other; they may interleave (attention writes
+//! each head's columns of rows shared by every head).
 inline void gemm_strided_batched(blas_ref blas, cudaStream_t stream, op op_a, op op_b, std::size_t m, std::size_t n,
                                  std::size_t k, float alpha, const float* a, std::size_t lda, std::size_t stride_a,
                                  const float* b, std::size_t ldb, std::size_t stride_b, float beta, float* c,

@@ -43,6 +43,7 @@
 #include <cstdint>
 
 #include "trident/core/buffer.hpp"
+#include "trident/core/cuda/convert.cuh"
 #include "trident/core/cuda_runtime.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
@@ -278,39 +279,13 @@ __global__ void cross_entropy_backward_kernel(device_span<const float> logits, d
   }
 }
 
-// out[i] = bf16(in[i]) (core/half.hpp's rounding: to nearest, ties to even, NaN kept): four at a
-// time (16-byte loads, 8-byte stores) when both pointers allow, else one at a time.
-template <class = void>  // a template so that several translation units may include this header
-__global__ void round_bf16_kernel(const float* in, bf16* out, std::size_t n, bool vectors) {
-  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
-  std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-  if (vectors) {
-    for (; 4 * i + 3 < n; i += stride) {
-      const float4 v = reinterpret_cast<const float4*>(in)[i];
-      const uint2 packed{static_cast<unsigned>(trident::detail::float_to_bf16_bits(v.x)) |
-                             (static_cast<unsigned>(trident::detail::float_to_bf16_bits(v.y)) << 16),
-                         static_cast<unsigned>(trident::detail::float_to_bf16_bits(v.z)) |
-                             (static_cast<unsigned>(trident::detail::float_to_bf16_bits(v.w)) << 16)};
-      reinterpret_cast<uint2*>(out)[i] = packed;
-    }
-    // The last n % 4 elements: one thread each.
-    const std::size_t tail = n / 4 * 4, t = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-    if (tail + t < n) out[tail + t] = bf16(in[tail + t]);
-    return;
-  }
-  for (; i < n; i += stride) out[i] = bf16(in[i]);
-}
-
 }  // namespace detail
 
 //! out[i] = bf16(in[i]) for i < count on `stream`, rounded as core/half.hpp rounds (to nearest,
-//! ties to even): the trident::nn::bf16_rounding that gemm_math::bf16 rounds its operands with.
+//! ties to even): the trident::nn::bf16_rounding that gemm_math::bf16 rounds its operands with,
+//! core/cuda/convert.cuh's conversion (four at a time where aligned) under that signature.
 inline void round_to_bf16(const float* in, bf16* out, std::size_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  const bool vectors = detail::aligned16(in) && reinterpret_cast<std::uintptr_t>(out) % 8 == 0;
-  detail::round_bf16_kernel<><<<detail::grid_for(vectors ? (count + 3) / 4 : count), detail::block_size, 0, stream>>>(
-      in, out, count, vectors);
-  TRIDENT_CUDA_CHECK(cudaGetLastError());
+  trident::cuda::convert<float, bf16>(device_span<const float>(in, count), device_span<bf16>(out, count), stream);
 }
 
 //! The GEMMs through `blas` from now on round their float operands to bf16 and run on bf16
