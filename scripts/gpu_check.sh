@@ -194,6 +194,17 @@ done
 # ... and with bf16 GEMMs (operands rounded to bf16: gemm_math::bf16, the flagship's --gemm bf16)
 [[ -x $build/bench/gpt_cuda ]] && step "bench gpt 124M trident bf16 flash_bf16 gemm bf16" "grep -E 'trident gpt on the GPU'" -- \
   mpirun -np 1 -x NCCL_SOCKET_IFNAME "$build/bench/gpt_cuda" 16 12 5 --bf16 --flash-bf16 --gemm-bf16
+# ... and where one step's GPU time goes, kernel by kernel: ncu times each kernel of one step
+# alone (gpt_cuda --profile brackets it; the clocks left as they are, caches not flushed), and
+# bench/ncu_summary.py groups them. The sum against the step's wall time above is the GPU's idle
+# time. Where ncu cannot read the counters (gVisor machines) the step fails alone.
+if command -v ncu >/dev/null && [[ -x $build/bench/gpt_cuda ]]; then
+  step "profile gpt 124M kernels (ncu)" "sed -n '1p;3,7p'" -- bash -c '
+    mpirun -np 1 -x NCCL_SOCKET_IFNAME ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum \
+        --csv --print-units base --log-file "$1/gpt_kernels.csv" \
+        "$2" 16 12 1 --bf16 --flash-bf16 --profile >"$1/gpt_kernels_run.log" 2>&1 &&
+      python3 "$3/bench/ncu_summary.py" "$1/gpt_kernels.csv" --top 40' _ "$logs" "$build/bench/gpt_cuda" "$root"
+fi
 # ... and one of its blocks' operations, each timed alone
 # (the unfused attention's backward against the flash attention's forward and backward)
 [[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)|fc1 forward' | tail -8" -- \
