@@ -85,6 +85,13 @@ int main(int argc, char** argv) {
            ln.backward(nullptr, n, x.device_handle(), gamma.device_handle(), mean.device_handle(), rstd.device_handle(),
                        dy.device_handle(), dx.device_handle(), dgamma.device_handle(), dbeta.device_handle());
          }, reps), 3 * nh * f4, 0);
+    // ... with a scratch: the parameter sums over chunks of 256 rows (what the block runs)
+    trident::buffer<double, trident::cuda_space> ln_sums(ln.backward_scratch_size(n));
+    line("LayerNorm backward, chunked parameter sums", time_ms([&] {
+           ln.backward(nullptr, n, x.device_handle(), gamma.device_handle(), mean.device_handle(), rstd.device_handle(),
+                       dy.device_handle(), dx.device_handle(), dgamma.device_handle(), dbeta.device_handle(),
+                       ln_sums.device_handle());
+         }, reps), 3 * nh * f4, 0);
     line("GELU forward (fc1's width)", time_ms([&] {
            nn::cuda::activation_forward<nn::gelu>(fc1.device_handle(), gelu.device_handle(), nullptr);
          }, reps), 2 * nf * f4, 0);

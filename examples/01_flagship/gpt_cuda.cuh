@@ -395,6 +395,8 @@ class gpt_cuda_rank {
     targets_ = device_buffer<std::int32_t>(static_cast<std::size_t>(m_) * n_, mem_category::other);
     loss_ = device_buffer<float>(1, mem_category::other);
     loss_sum_ = device_buffer<double>(1, mem_category::other);
+    // the final norm's backward sums its parameter gradients in chunks of rows through this
+    lnf_scratch_ = device_buffer<double>(trident::nn::cuda::layer_norm{h}.backward_scratch_size(n_), mem_category::other);
     trident::fill_zero(loss_sum_);
     TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -826,7 +828,7 @@ class gpt_cuda_rank {
     wait_for_optimizer();
     head_.backward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, f.logits.device_handle(), d_out_.device_handle(), gw, {});
     ln.backward(ctx_.stream(), n_, f.x.device_handle(), lnw, f.mean.device_handle(), f.rstd.device_handle(), d_out_.device_handle(),
-                x_.device_handle(), glnw, glnb);
+                x_.device_handle(), glnw, glnb, lnf_scratch_.device_handle());
     commit();  // the head's gradient (one chunk) and the final norm's
     hand_to_optimizer();
     z_->release(ch.final_layer);
@@ -907,7 +909,7 @@ class gpt_cuda_rank {
   std::vector<std::pair<device_span<half_type>, device_span<float>>> pending_;
   device_buffer<float> x_, y_, d_out_, loss_;
   device_buffer<std::int32_t> tokens_, targets_;
-  device_buffer<double> loss_sum_;
+  device_buffer<double> loss_sum_, lnf_scratch_;
   trident::checkpoint::pending_save pending_save_;  // the last asynchronous save (ends before z_ goes)
 };
 

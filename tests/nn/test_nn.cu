@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/random.hpp"
@@ -477,8 +478,9 @@ TEST_CASE("a failing cuBLAS call throws cublas_error with its status") {
 }
 
 TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbeta like the host") {
-  for (const std::size_t hidden : {std::size_t{7}, std::size_t{300}}) {  // fewer and more columns than a block's threads
-    const std::size_t rows = 150;  // more than a column tile's 128 rows of threads
+  // hidden: fewer and more columns than a warp's lanes, and GPT-2's; rows: more than a column
+  // tile's 128 rows of threads, and with a scratch one chunk of 256 rows or three (the last short).
+  for (const auto& [hidden, rows] : {std::pair<std::size_t, std::size_t>{7, 150}, {300, 150}, {768, 600}, {33, 600}}) {
     const nn::layer_norm host{hidden, 1e-5f};
     const nn::cuda::layer_norm dev{hidden, 1e-5f};
     auto x = random_vector(rows * hidden, 41, -2.0f, 2.0f);
@@ -488,21 +490,47 @@ TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbet
     std::vector<float> y(x.size()), mean(rows), rstd(rows), dx(x.size());
     auto dgamma = random_vector(hidden, 45), dbeta = random_vector(hidden, 46);  // accumulated into
     auto d_x = to_device(x), d_gamma = to_device(gamma), d_beta = to_device(beta), d_dy = to_device(dy);
-    auto d_dgamma = to_device(dgamma), d_dbeta = to_device(dbeta);
-    buffer<float, cuda_space> d_y(x.size()), d_mean(rows), d_rstd(rows), d_dx(x.size());
+    auto d_dgamma = to_device(dgamma), d_dbeta = to_device(dbeta), s_dgamma = to_device(dgamma), s_dbeta = to_device(dbeta);
+    buffer<float, cuda_space> d_y(x.size()), d_mean(rows), d_rstd(rows), d_dx(x.size()), s_dx(x.size());
+    buffer<double, cuda_space> scratch(dev.backward_scratch_size(rows));
+    CHECK(scratch.size() == 2 * ((rows + 255) / 256) * hidden);
     host.forward(rows, x, gamma, beta, y, mean, rstd);
     host.backward(rows, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
     dev.forward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_beta.device_handle(), d_y.device_handle(),
                 d_mean.device_handle(), d_rstd.device_handle());
     dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(), d_rstd.device_handle(),
                  d_dy.device_handle(), d_dx.device_handle(), d_dgamma.device_handle(), d_dbeta.device_handle());
-    const std::string at = " (hidden " + std::to_string(hidden) + ")";
+    dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(), d_rstd.device_handle(),
+                 d_dy.device_handle(), s_dx.device_handle(), s_dgamma.device_handle(), s_dbeta.device_handle(),
+                 scratch.device_handle());
+    const std::string at = " (hidden " + std::to_string(hidden) + ", rows " + std::to_string(rows) + ")";
+    // The host sums the parameter gradients over the rows in float (the GPU in double): its
+    // rounding grows with the partial sums, about sqrt(rows) in size, whatever the total.
+    const double sums_atol = std::max(1e-5, 2e-7 * static_cast<double>(rows));
     check_close(trident::to_vector(d_mean), mean, 1e-6, 1e-6, "mean" + at);
     check_close(trident::to_vector(d_rstd), rstd, 0, 1e-6, "rstd" + at);
     check_close(trident::to_vector(d_y), y, 1e-5, 1e-5, "y" + at);
     check_close(trident::to_vector(d_dx), dx, 1e-5, 1e-5, "dx" + at);
-    check_close(trident::to_vector(d_dgamma), dgamma, 1e-5, 1e-5, "dgamma" + at);
-    check_close(trident::to_vector(d_dbeta), dbeta, 1e-5, 1e-5, "dbeta" + at);
+    check_close(trident::to_vector(d_dgamma), dgamma, sums_atol, 1e-5, "dgamma" + at);
+    check_close(trident::to_vector(d_dbeta), dbeta, sums_atol, 1e-5, "dbeta" + at);
+    // With the scratch: dx from the same kernel, the parameter sums chunked (another order).
+    {
+      const bool same_dx = trident::to_vector(s_dx) == trident::to_vector(d_dx);
+      INFO("dx with a scratch", at);
+      CHECK(same_dx);
+    }
+    check_close(trident::to_vector(s_dgamma), dgamma, sums_atol, 1e-5, "dgamma with a scratch" + at);
+    check_close(trident::to_vector(s_dbeta), dbeta, sums_atol, 1e-5, "dbeta with a scratch" + at);
+    // and close to the path without one: both sum in double, so they part at the float rounding
+    check_close(trident::to_vector(s_dgamma), trident::to_vector(d_dgamma), 1e-6, 1e-6, "dgamma, scratch vs none" + at);
+    check_close(trident::to_vector(s_dbeta), trident::to_vector(d_dbeta), 1e-6, 1e-6, "dbeta, scratch vs none" + at);
+    if (rows > 256) {  // a scratch one chunk short is refused by name
+      buffer<double, cuda_space> small(scratch.size() - 1);
+      CHECK_THROWS_WITH_AS(dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(),
+                                        d_rstd.device_handle(), d_dy.device_handle(), s_dx.device_handle(),
+                                        s_dgamma.device_handle(), s_dbeta.device_handle(), small.device_handle()),
+                           doctest::Contains("expected at least backward_scratch_size"), trident::usage_error);
+    }
   }
   // Shapes are checked on the host, before anything is launched.
   const nn::cuda::layer_norm ln{8};
@@ -513,8 +541,7 @@ TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbet
 }
 
 TEST_CASE("cuda::rms_norm matches nn::rms_norm, accumulating dgamma like the host") {
-  for (const std::size_t hidden : {std::size_t{7}, std::size_t{300}}) {
-    const std::size_t rows = 150;  // more than a column tile's 128 rows of threads
+  for (const auto& [hidden, rows] : {std::pair<std::size_t, std::size_t>{7, 150}, {300, 150}, {768, 600}}) {
     const nn::rms_norm host{hidden, 1e-6f};
     const nn::cuda::rms_norm dev{hidden, 1e-6f};
     const auto x = random_vector(rows * hidden, 71, -2.0f, 2.0f), gamma = random_vector(hidden, 72, 0.5f, 1.5f);
@@ -522,17 +549,31 @@ TEST_CASE("cuda::rms_norm matches nn::rms_norm, accumulating dgamma like the hos
     std::vector<float> y(x.size()), rrms(rows), dx(x.size());
     auto dgamma = random_vector(hidden, 74);
     auto d_x = to_device(x), d_gamma = to_device(gamma), d_dy = to_device(dy), d_dgamma = to_device(dgamma);
-    buffer<float, cuda_space> d_y(x.size()), d_rrms(rows), d_dx(x.size());
+    auto s_dgamma = to_device(dgamma);
+    buffer<float, cuda_space> d_y(x.size()), d_rrms(rows), d_dx(x.size()), s_dx(x.size());
+    buffer<double, cuda_space> scratch(dev.backward_scratch_size(rows));
     host.forward(rows, x, gamma, y, rrms);
     host.backward(rows, x, gamma, rrms, dy, dx, dgamma);
     dev.forward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_y.device_handle(), d_rrms.device_handle());
     dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_rrms.device_handle(), d_dy.device_handle(),
                  d_dx.device_handle(), d_dgamma.device_handle());
-    const std::string at = " (hidden " + std::to_string(hidden) + ")";
+    dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_rrms.device_handle(), d_dy.device_handle(),
+                 s_dx.device_handle(), s_dgamma.device_handle(), scratch.device_handle());
+    const std::string at = " (hidden " + std::to_string(hidden) + ", rows " + std::to_string(rows) + ")";
+    // The host sums the parameter gradients over the rows in float (the GPU in double): its
+    // rounding grows with the partial sums, about sqrt(rows) in size, whatever the total.
+    const double sums_atol = std::max(1e-5, 2e-7 * static_cast<double>(rows));
     check_close(trident::to_vector(d_rrms), rrms, 0, 1e-6, "rrms" + at);
     check_close(trident::to_vector(d_y), y, 1e-5, 1e-5, "y" + at);
     check_close(trident::to_vector(d_dx), dx, 1e-5, 1e-5, "dx" + at);
-    check_close(trident::to_vector(d_dgamma), dgamma, 1e-5, 1e-5, "dgamma" + at);
+    check_close(trident::to_vector(d_dgamma), dgamma, sums_atol, 1e-5, "dgamma" + at);
+    {
+      const bool same_dx = trident::to_vector(s_dx) == trident::to_vector(d_dx);
+      INFO("dx with a scratch", at);
+      CHECK(same_dx);
+    }
+    check_close(trident::to_vector(s_dgamma), dgamma, sums_atol, 1e-5, "dgamma with a scratch" + at);
+    check_close(trident::to_vector(s_dgamma), trident::to_vector(d_dgamma), 1e-6, 1e-6, "dgamma, scratch vs none" + at);
   }
 }
 

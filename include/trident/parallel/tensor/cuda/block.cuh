@@ -61,8 +61,8 @@ namespace trident::tensor::cuda {
 using block_activations = tensor::basic_block_activations<cuda_space>;
 
 //! backward's scratch (mem_category::other): the gradients between its layers, attention's
-//! dS, the recomputed probabilities under selective recomputation, and sequence parallelism's
-//! gathered and partial rows. Blocks that run backward one at a time share one
+//! dS, the recomputed probabilities under selective recomputation, sequence parallelism's
+//! gathered and partial rows, and the norms' parameter sums per chunk of rows. Blocks that run backward one at a time share one
 //! (share_backward_workspace).
 struct block_workspace {
   buffer<float, cuda_space> d_gelu, d_fc1, d_attn, d_qkv;  // this rank's features
@@ -70,6 +70,7 @@ struct block_workspace {
   buffer<float, cuda_space> ds, probs;                     // [batch, heads / t, seq, seq] (flash: ds [.., seq], no probs)
   buffer<float, cuda_space> full, gathered, partial;       // sequence parallelism: [seq x batch, hidden]
   buffer<float, cuda_space> norms;                         // sequence parallelism: the norms' 4 x hidden gradients
+  buffer<double, cuda_space> norm_sums;                    // the norms' parameter sums per chunk of rows (layer_norm's scratch)
 };
 
 //! tensor::transformer_block on the GPU (see the header comment).
@@ -210,7 +211,7 @@ class transformer_block {
       fc1_.backward(ctx, blas, tp, n, s.ln2_out.device_handle(), w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // f
     }
     ln.backward(stream, m, s.mid.device_handle(), w.ln2_weight, s.ln2_mean.device_handle(), s.ln2_rstd.device_handle(), d_ln2,
-                d_norm, norm_grad(g.ln2_weight, 2), norm_grad(g.ln2_bias, 3));
+                d_norm, norm_grad(g.ln2_weight, 2), norm_grad(g.ln2_bias, 3), ws.norm_sums.device_handle());
     nn::cuda::add_to(d_norm, d_mid, stream);
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
     device_span<const float> d_mid_rows = d_mid;
@@ -240,7 +241,7 @@ class transformer_block {
       qkv_.backward(ctx, blas, tp, n, s.ln1_out.device_handle(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // f
     }
     ln.backward(stream, m, s.x.device_handle(), w.ln1_weight, s.ln1_mean.device_handle(), s.ln1_rstd.device_handle(), d_ln1, dx,
-                norm_grad(g.ln1_weight, 0), norm_grad(g.ln1_bias, 1));
+                norm_grad(g.ln1_weight, 0), norm_grad(g.ln1_bias, 1), ws.norm_sums.device_handle());
     nn::cuda::add_to(d_mid, dx, stream);
     if (sp) {  // the norms' gradients over every row: one all-reduce, then added to the caller's
       ctx.hand_to(tp.stream());
@@ -301,7 +302,8 @@ class transformer_block {
       workspace_ = std::make_shared<block_workspace>(block_workspace{
           make(f), make(f), make(lw), make(3 * lw), make(nh), make(nh), make(nh), make(nh), make(fa ? flash().lse_size() : p),
           make(config().selective_recompute && !fa ? p : 0), make(sp), make(sp), make(sp),
-          make(config().sequence_parallel ? 4 * config().hidden : 0)});
+          make(config().sequence_parallel ? 4 * config().hidden : 0),
+          buffer<double, cuda_space>(nn::cuda::layer_norm{config().hidden}.backward_scratch_size(local_rows()), mem_category::other)});
     }
     return *workspace_;
   }
