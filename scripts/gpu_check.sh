@@ -207,7 +207,7 @@ if command -v ncu >/dev/null && [[ -x $build/bench/gpt_cuda ]]; then
 fi
 # ... and one of its blocks' operations, each timed alone
 # (the unfused attention's backward against the flash attention's forward and backward)
-[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)|fc1 forward' | tail -8" -- \
+[[ -x $build/bench/gpt_block_ops_cuda ]] && step "bench gpt block ops" "grep -E 'attention (bf16 )?(forward|backward)|fc1 forward|LayerNorm' | tail -11" -- \
   "$build/bench/gpt_block_ops_cuda"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   step "bench gpt 124M torch" "grep -E 'ms/step' | sed 's/.*B = 16, T = 1024, //'" -- python3 "$root/bench/gpt_torch_gpu.py"

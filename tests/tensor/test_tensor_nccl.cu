@@ -7,8 +7,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -148,6 +150,41 @@ void vocab() {
   INFO("loss ", got_loss, " vs ", loss);
   CHECK(std::abs(got_loss - loss) <= 1e-6 * std::abs(loss));
   CHECK(tensor_suite::relative_error(on_host(d_dmine), tensor_suite::part_of(columns, r, dlogits)) <= 1e-6);
+
+  // A wider vocabulary (each thread of a row's block takes several columns, so its running max
+  // moves and its sum is rescaled), with -inf logits: a row's first half (a whole rank's columns
+  // at t = 2), the first column of each rank's slice, every third column; and the row's max on
+  // one rank at a time, so that the others' sums are rescaled after the max's all-reduce.
+  {
+    const std::size_t wide = 2400;  // divisible by t = 1, 2, 3 and 4
+    auto wide_logits = tensor_suite::random(n * wide, 25, 4.0f);
+    std::vector<std::int32_t> wide_targets(n);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (std::size_t i = 0; i < n; ++i) wide_targets[i] = static_cast<std::int32_t>(1501 + 3 * i);  // never a -inf logit
+    for (std::size_t c = 0; c < wide / 2; ++c) wide_logits[2 * wide + c] = -inf;
+    for (const std::size_t c : {std::size_t{0}, wide / 4, wide / 3, wide / 2, 2 * wide / 3, 3 * wide / 4}) wide_logits[5 * wide + c] = -inf;
+    for (std::size_t c = 0; c < wide; c += 3) wide_logits[7 * wide + c] = -inf;
+    for (std::size_t i = 8; i < n; ++i) wide_logits[i * wide + (i * 617) % wide] = 30.0f;  // the max somewhere else per row
+    const float wide_loss = trident::nn::softmax_cross_entropy::forward(n, wide, wide_logits, wide_targets);
+    std::vector<float> wide_dlogits(wide_logits.size());
+    trident::nn::softmax_cross_entropy::backward(n, wide, wide_logits, wide_targets, wide_dlogits, 0.5f);
+    const auto wide_columns = trident::sharding::split_exact({n, wide}, 1, tp.size(), "logits");
+    auto d_wide = on_device(tensor_suite::part_of(wide_columns, r, wide_logits));
+    auto d_wide_targets = on_device(wide_targets);
+    auto d_wide_grad = zeros(d_wide.size()), d_wide_loss = zeros(1);
+    trident::tensor::cuda::vocab_parallel_cross_entropy wide_ce(tp, wide, "lm_head");
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    wide_ce.forward(ctx, tp, n, d_wide.device_handle(), d_wide_targets.device_handle(), d_wide_loss.device_handle());
+    wide_ce.backward(ctx, n, d_wide.device_handle(), d_wide_targets.device_handle(), d_wide_grad.device_handle(), 0.5f);
+    ctx.synchronize();
+    const float got = on_host(d_wide_loss)[0];
+    INFO("wide vocabulary: loss ", got, " vs ", wide_loss);
+    CHECK(std::isfinite(got));
+    CHECK(std::abs(got - wide_loss) <= 1e-6 * std::abs(wide_loss));
+    const auto grad = on_host(d_wide_grad);
+    CHECK(std::all_of(grad.begin(), grad.end(), [](float v) { return std::isfinite(v); }));
+    CHECK(tensor_suite::relative_error(grad, tensor_suite::part_of(wide_columns, r, wide_dlogits)) <= 1e-6);
+  }
 
   // A target outside the vocabulary cannot be thrown from the device: the loss is NaN everywhere.
   auto bad = targets;

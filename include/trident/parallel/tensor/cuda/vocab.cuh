@@ -106,32 +106,61 @@ __global__ void embedding_grad_kernel(const std::uint32_t* __restrict__ rows_of_
   }
 }
 
-// Each row's maximum over this rank's columns (one block per row).
-template <class = void>  // a template so that several translation units may include this header
-__global__ void row_max_kernel(device_span<const float> logits, std::size_t local, device_span<float> max) {
-  __shared__ float shared[k::block_size];
-  const std::size_t i = blockIdx.x;
-  const float* row = logits.data() + i * local;
-  float m = -INFINITY;
-  for (std::size_t c = threadIdx.x; c < local; c += k::block_size) m = row[c] > m ? row[c] : m;
-  m = k::block_reduce(m, shared, k::max_op{});
-  if (threadIdx.x == 0) max[i] = m;
-}
+// A running softmax denominator: the largest logit seen and the sum of exp(logit - max) over
+// those seen. Merging two rescales the one with the smaller max (no exp when a max equals the
+// merged one, so that empty states, max -inf, merge to 0 rather than NaN). NaN logits never win
+// the comparison and make the sum NaN, as the two-pass form did; -inf logits add nothing.
+struct softmax_state {
+  float max = -INFINITY;
+  double sum = 0;
 
-// sums[i] = sum of exp(logit - max) over this rank's columns, sums[n + i] = the target's logit
-// where this rank holds it (0 elsewhere; NaN on every rank for a target outside the vocabulary).
+  __device__ void add(float x) {
+    if (x > max) {  // rare after a row's first few columns
+      sum = sum * exp(static_cast<double>(max) - x) + 1.0;  // exp(-inf) = 0 for the first
+      max = x;
+    } else if (x != -INFINITY) {  // -inf adds 0 (and exp(-inf - -inf) would be NaN); NaN adds NaN
+      sum += exp(static_cast<double>(x) - max);
+    }
+  }
+  __device__ static softmax_state merge(softmax_state a, softmax_state b) {
+    softmax_state m;
+    m.max = b.max > a.max ? b.max : a.max;
+    m.sum = (a.max == m.max ? a.sum : a.sum * exp(static_cast<double>(a.max) - m.max)) +
+            (b.max == m.max ? b.sum : b.sum * exp(static_cast<double>(b.max) - m.max));
+    return m;
+  }
+};
+
+// One pass over each row (one block per row): max[i] and local_max[i] = the row's largest logit
+// on this rank's columns, sums[i] = the sum of exp(logit - that max) over them, sums[n + i] =
+// the target's logit where this rank holds it (0 elsewhere; NaN on every rank for a target
+// outside the vocabulary). The threads' states merge over a fixed tree. (Two passes, the max
+// and then the sum, read the logits twice: 3.3 GB each for GPT-2 at B = 16, T = 1024.)
 template <class = void>  // a template so that several translation units may include this header
-__global__ void row_sums_kernel(device_span<const float> logits, device_span<const std::int32_t> targets, std::size_t local,
-                                device_span<const float> max, device_span<double> sums, std::size_t begin,
-                                std::size_t vocab) {
-  __shared__ double shared[k::block_size];
+__global__ void row_stats_kernel(device_span<const float> logits, device_span<const std::int32_t> targets, std::size_t local,
+                                 device_span<float> max, device_span<float> local_max, device_span<double> sums,
+                                 std::size_t begin, std::size_t vocab) {
+  __shared__ float shared_max[k::block_size];
+  __shared__ double shared_sum[k::block_size];
   const std::size_t i = blockIdx.x, n = targets.size();
   const float* row = logits.data() + i * local;
-  double s = 0;
-  for (std::size_t c = threadIdx.x; c < local; c += k::block_size) s += exp(static_cast<double>(row[c]) - max[i]);
-  s = k::block_reduce(s, shared, k::add_op{});
+  softmax_state state;
+  for (std::size_t c = threadIdx.x; c < local; c += k::block_size) state.add(row[c]);
+  shared_max[threadIdx.x] = state.max;
+  shared_sum[threadIdx.x] = state.sum;
+  __syncthreads();
+  for (unsigned half = k::block_size / 2; half > 0; half /= 2) {  // a fixed tree: the same bits every run
+    if (threadIdx.x < half) {
+      const softmax_state merged = softmax_state::merge({shared_max[threadIdx.x], shared_sum[threadIdx.x]},
+                                                        {shared_max[threadIdx.x + half], shared_sum[threadIdx.x + half]});
+      shared_max[threadIdx.x] = merged.max;
+      shared_sum[threadIdx.x] = merged.sum;
+    }
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
-    sums[i] = s;
+    max[i] = local_max[i] = shared_max[0];
+    sums[i] = shared_sum[0];
     const std::int32_t t = targets[i];
     double target = 0;
     if (t < 0 || static_cast<std::size_t>(t) >= vocab) target = NAN;
@@ -139,6 +168,15 @@ __global__ void row_sums_kernel(device_span<const float> logits, device_span<con
       target = row[static_cast<std::size_t>(t) - begin];
     sums[n + i] = target;
   }
+}
+
+// After the max's all-reduce: each rank's sums taken to the row's max over every rank, so that
+// their all-reduce is the whole row's (no exp where this rank holds the max: one rank, always).
+template <class = void>  // a template so that several translation units may include this header
+__global__ void rescale_sums_kernel(device_span<const float> max, device_span<const float> local_max, device_span<double> sums) {
+  const std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
+  if (i >= max.size() || local_max[i] == max[i]) return;
+  sums[i] *= exp(static_cast<double>(local_max[i]) - max[i]);
 }
 
 // loss[0] = the mean over rows of (max + log sum) - target logit, over a fixed tree (one block).
@@ -153,7 +191,8 @@ __global__ void mean_loss_kernel(device_span<const float> max, device_span<const
   if (threadIdx.x == 0) loss[0] = static_cast<float>(total / static_cast<double>(n));
 }
 
-// dlogits = scale (softmax - onehot(target)) on this rank's columns (one block per row).
+// dlogits = scale (softmax - onehot(target)) on this rank's columns (one block per row); the
+// softmax as exp(logit - lse), lse = max + log(sum) once per row: no division per element.
 template <class = void>  // a template so that several translation units may include this header
 __global__ void vocab_ce_backward_kernel(device_span<const float> logits, device_span<const std::int32_t> targets,
                                          std::size_t local, device_span<const float> max, device_span<const double> sums,
@@ -163,8 +202,9 @@ __global__ void vocab_ce_backward_kernel(device_span<const float> logits, device
   float* grad = dlogits.data() + i * local;
   const std::int32_t t = targets[i];
   const bool valid = t >= 0 && static_cast<std::size_t>(t) < vocab;
+  const double lse = static_cast<double>(max[i]) + log(sums[i]);
   for (std::size_t c = threadIdx.x; c < local; c += k::block_size) {
-    const double p = exp(static_cast<double>(row[c]) - max[i]) / sums[i];
+    const double p = exp(static_cast<double>(row[c]) - lse);
     const double onehot = valid && begin + c == static_cast<std::size_t>(t) ? 1.0 : 0.0;
     grad[c] = valid ? static_cast<float>(scale * (p - onehot)) : NAN;
   }
@@ -311,19 +351,21 @@ class vocab_parallel_cross_entropy {
     TRIDENT_EXPECT(loss.size() == 1, who, ": loss has ", loss.size(), " elements, expected 1");
     if (max_.size() != n) {  // sized once for a fixed batch
       max_ = buffer<float, cuda_space>(n, mem_category::activations);
+      local_max_ = buffer<float, cuda_space>(n, mem_category::activations);
       sums_ = buffer<double, cuda_space>(2 * n, mem_category::activations);
     }
     const std::size_t local = shape_.vocab_range().size();
     const unsigned grid = detail::rows_grid(who, n);
     const auto block = nn::cuda::detail::block_size;
-    detail::row_max_kernel<><<<grid, block, 0, ctx.stream()>>>(logits, local, max_.device_handle());
+    detail::row_stats_kernel<><<<grid, block, 0, ctx.stream()>>>(logits, targets, local, max_.device_handle(),
+                                                                  local_max_.device_handle(), sums_.device_handle(),
+                                                                  shape_.vocab_range().begin, shape_.vocab());
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     ctx.hand_to(tp.stream());
     tp.all_reduce(space_span<float, cuda_space>(max_.data(), n), reduce_op::max);
     ctx.order_after(tp.stream());
-    detail::row_sums_kernel<><<<grid, block, 0, ctx.stream()>>>(logits, targets, local, max_.device_handle(),
-                                                                 sums_.device_handle(), shape_.vocab_range().begin,
-                                                                 shape_.vocab());
+    detail::rescale_sums_kernel<><<<nn::cuda::detail::grid_for(n), block, 0, ctx.stream()>>>(
+        max_.device_handle(), local_max_.device_handle(), sums_.device_handle());
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     ctx.hand_to(tp.stream());
     tp.all_reduce(space_span<double, cuda_space>(sums_.data(), 2 * n), reduce_op::sum);  // sums and target logits, one call
@@ -359,7 +401,8 @@ class vocab_parallel_cross_entropy {
   }
 
   tensor::vocab_parallel_cross_entropy shape_;
-  buffer<float, cuda_space> max_;    // per row, over the whole vocabulary (last forward)
+  buffer<float, cuda_space> max_;        // per row, over the whole vocabulary (last forward)
+  buffer<float, cuda_space> local_max_;  // per row, over this rank's columns
   buffer<double, cuda_space> sums_;  // [sum of exp(logit - max) per row..., target logit per row...], all-reduced
 };
 
