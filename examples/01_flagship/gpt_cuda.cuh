@@ -396,7 +396,8 @@ class gpt_cuda_rank {
     loss_ = device_buffer<float>(1, mem_category::other);
     loss_sum_ = device_buffer<double>(1, mem_category::other);
     // the final norm's backward sums its parameter gradients in chunks of rows through this
-    lnf_scratch_ = device_buffer<double>(trident::nn::cuda::layer_norm{h}.backward_scratch_size(n_), mem_category::other);
+    if (owns(chunks_ - 1))
+      lnf_scratch_ = device_buffer<double>(trident::nn::cuda::layer_norm{h}.backward_scratch_size(n_), mem_category::other);
     trident::fill_zero(loss_sum_);
     TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "support/nccl_mpi_main.hpp"
@@ -184,6 +185,21 @@ void vocab() {
     const auto grad = on_host(d_wide_grad);
     CHECK(std::all_of(grad.begin(), grad.end(), [](float v) { return std::isfinite(v); }));
     CHECK(tensor_suite::relative_error(grad, tensor_suite::part_of(wide_columns, r, wide_dlogits)) <= 1e-6);
+    // A +inf logit makes the loss NaN, as on the host, wherever the rest of its row lies: two in
+    // one row (columns on one rank or on two, by t) and one alone in another.
+    wide_logits[4 * wide + 10] = wide_logits[4 * wide + 1290] = inf;
+    auto d_inf = on_device(tensor_suite::part_of(wide_columns, r, wide_logits));
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    wide_ce.forward(ctx, tp, n, d_inf.device_handle(), d_wide_targets.device_handle(), d_wide_loss.device_handle());
+    ctx.synchronize();
+    CHECK(std::isnan(trident::nn::softmax_cross_entropy::forward(n, wide, wide_logits, wide_targets)));
+    CHECK(std::isnan(on_host(d_wide_loss)[0]));
+    wide_logits[4 * wide + 1290] = 0.0f;  // one +inf alone in its row
+    d_inf = on_device(tensor_suite::part_of(wide_columns, r, wide_logits));
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    wide_ce.forward(ctx, tp, n, d_inf.device_handle(), d_wide_targets.device_handle(), d_wide_loss.device_handle());
+    ctx.synchronize();
+    CHECK(std::isnan(on_host(d_wide_loss)[0]));
   }
 
   // A target outside the vocabulary cannot be thrown from the device: the loss is NaN everywhere.
@@ -206,7 +222,11 @@ void vocab() {
 // With flash attention (TF32 products, head_dim 32: a wider block over 72 positions, two
 // tiles of 64, the second partial) the same within 1e-2, TF32's rounding; with its bf16 tiles
 // (q, k, v, dout, P and dS rounded to bf16) within 5e-2.
-void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16 = false) {
+// With bf16 GEMMs (block_config::bf16_gemm) the host block emulates them (operands rounded to
+// bf16 the same way): within 2e-3, where an operand computed a little differently on the GPU
+// rounds to the neighbouring bf16 (without sequence parallelism the norms and GELU write those
+// operands in bf16 themselves; with it the GEMMs round them).
+void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16 = false, bool bf16_gemm = false) {
   auto& tp = *world;
   const int r = tp.rank();
   namespace tensor = trident::tensor;
@@ -218,12 +238,13 @@ void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16
   std::vector<std::vector<float>> grads_ref;
   const auto x = tensor_suite::random(n * h, 31), dy = tensor_suite::random(n * h, 32);
   // The unsharded block, on one host rank.
+  config.bf16_gemm = bf16_gemm;  // the serial block emulates them too
   const auto serial_config = config;
   config.selective_recompute = selective;
   config.sequence_parallel = sequence_parallel;
   config.flash_attention = flash;
   config.flash_bf16 = bf16;
-  const double tolerance = bf16 ? 5e-2 : flash ? 1e-2 : 1e-5;
+  const double tolerance = bf16 ? 5e-2 : flash ? 1e-2 : bf16_gemm ? 2e-3 : 1e-5;
   tensor::cuda::transformer_block dev(tp, config, "h0");
   std::uint64_t k = 40;
   for (const auto& p : dev.shape().parameters()) {
@@ -273,10 +294,13 @@ void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16
   ctx.synchronize();
 
   INFO("transformer block on NCCL rank ", r, " of ", tp.size(), selective ? ", selective recomputation" : "",
-       sequence_parallel ? ", sequence parallel" : "", flash ? ", flash attention" : "", bf16 ? " (bf16 tiles)" : "");
+       sequence_parallel ? ", sequence parallel" : "", flash ? ", flash attention" : "", bf16 ? " (bf16 tiles)" : "",
+       bf16_gemm ? ", bf16 GEMMs" : "");
   const double y_error = tensor_suite::relative_error(on_host(d_y), rows_of(y_ref));
-  if (flash)
-    MESSAGE("flash attention", bf16 ? " (bf16 tiles)" : "", " block: y ", y_error, ", dx ",
+  if (flash || bf16_gemm)
+    MESSAGE("block", std::string(flash ? ", flash attention" : ""), std::string(bf16 ? " (bf16 tiles)" : ""),
+            std::string(bf16_gemm ? ", bf16 GEMMs" : ""), std::string(sequence_parallel ? ", sequence parallel" : ""), ": y ",
+            y_error, ", dx ",
             tensor_suite::relative_error(on_host(d_dx), rows_of(dx_ref)));
   CHECK(y_error <= tolerance);
   CHECK(tensor_suite::relative_error(on_host(d_dx), rows_of(dx_ref)) <= tolerance);
@@ -315,6 +339,17 @@ TEST_CASE("a transformer block on NCCL with flash attention = the unsharded bloc
                                                                           .flash_attention = true}),
                        doctest::Contains("flash attention takes head_dim 32 or 64; hidden 24 over 12 heads is 2"),
                        trident::usage_error);
+}
+
+TEST_CASE("a transformer block on NCCL with bf16 GEMMs = the unsharded block emulating them") {
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 8) {
+    MESSAGE("compute capability ", major, ".x: bf16 GEMMs need 8.0; not run");
+    return;
+  }
+  block(false, false, false, false, true);  // the norms and GELU write the GEMMs' inputs in bf16
+  block(true, true, false, false, true);    // sequence parallelism: the GEMMs round them
 }
 
 TEST_CASE("tensor-parallel MLP on NCCL = the unsharded MLP (overlap on and off)") {

@@ -24,7 +24,7 @@
 //               b, ldb, stride_b, beta, c, ldc, stride_c, count)
 //         the same for `count` problems, the i-th at a + i stride_a, b + i stride_b, c + i stride_c
 //         (one strided batched cuBLAS call: attention's products over every (batch, head))
-//     bool gemm_bias(blas_ref, stream, m, n, k, x, w, bias, y)
+//     bool gemm_bias(blas_ref, stream, m, n, k, x, w, bias, y)         x: float, or bf16 under gemm_math::bf16
 //         row-major y[m, n] = x W^T + bias, the bias in cuBLASLt's epilogue; false: not done
 //
 // Host code: this header needs the CUDA toolkit's headers and cuBLAS, not nvcc, so a plain C++
@@ -85,6 +85,7 @@ inline const char* name(gemm_math m) noexcept {
 #include <source_location>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -421,8 +422,15 @@ struct lt_call {
 //! Returns false, having done nothing, when blas carries no cuBLASLt handle (a raw
 //! cublasHandle_t) or cuBLASLt offers no algorithm for the shape; the caller then runs gemm and
 //! adds the bias itself. The bias is added to the product in float before y is rounded once.
-inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::size_t n, std::size_t k, const float* x,
+//! x may already be in bf16 (under gemm_math::bf16 only: a producer that wrote its output
+//! rounded, as a LayerNorm feeding a projection can); then W alone is rounded.
+template <class X>
+  requires std::is_same_v<X, float> || std::is_same_v<X, bf16>
+inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::size_t n, std::size_t k, const X* x,
                       const float* w, const float* bias, float* y) {
+  constexpr bool x_bf16 = std::is_same_v<X, bf16>;
+  TRIDENT_EXPECT(!x_bf16 || blas.math == gemm_math::bf16, "nn::cuda::gemm_bias: x in bf16 needs gemm_math::bf16; the blas_ref "
+                 "is in ", name(blas.math));
   constexpr auto limit = static_cast<std::size_t>(std::numeric_limits<int>::max());
   if (blas.lt == nullptr || m == 0 || n == 0 || k == 0 || m > limit || n > limit || k > limit) return false;
   // Column-major, as gemm: y^T [n, m] = W [n, k] (W's row-major storage read transposed) x^T [k, m].
@@ -455,7 +463,8 @@ inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::si
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   const float one = 1.0f, zero = 0.0f;
   const void *w_in = w, *x_in = x;
-  if (bf16_math) std::tie(w_in, x_in) = detail::round_operands(blas, stream, w, n * k, x, m * k);
+  if constexpr (x_bf16) w_in = detail::round_all<1>(blas, stream, {{{w, n * k}}})[0];
+  else if (bf16_math) std::tie(w_in, x_in) = detail::round_operands(blas, stream, w, n * k, x, m * k);
   TRIDENT_CUBLAS_CHECK(cublasLtMatmul(blas.lt, c.op, &one, w_in, c.a, x_in, c.b, &zero, y, c.d, y, c.d, &result.algo,
                                       blas.workspace, workspace, stream));
   return true;

@@ -4,9 +4,10 @@
 // Synopsis (namespace trident::nn::cuda; device memory as device_span, work on `stream`)
 //   struct linear { in_features, out_features;
 //     void forward(blas_ref, cudaStream_t, batch, x, W, b, y) const        y = x W^T + b
+//         (x float; or bf16 under gemm_math::bf16, rounded by its producer: backward's x alike)
 //     void backward(blas_ref, cudaStream_t, batch, x, W, dy, dx, dW, db) const
 //                                                   dx = dy W (empty: skipped), dW += dy^T x, db += sum dy }
-//   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu
+//   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu; y float, or bf16 (rounded)
 //   void activation_backward<Act>(x, dy, dx, stream)
 //   void add_to(x, y, stream)                        y += x element-wise (residual connections)
 //     under gemm_math::bf16, backward's parts (dy rounded once for both GEMMs):
@@ -41,6 +42,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda/convert.cuh"
@@ -143,14 +145,27 @@ __global__ void activation_forward_kernel(device_span<const float> x, device_spa
     y[i] = Act::value(x[i]);
 }
 template <class Act>
+__global__ void activation_forward_bf16_kernel(device_span<const float> x, device_span<bf16> y) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
+       i += std::size_t{gridDim.x} * blockDim.x)
+    y[i] = bf16(Act::value(x[i]));
+}
+// Out: float, or bf16 (the value rounded as bf16's constructor rounds: 8-byte stores of four).
+template <class Act, class Out = float>
 struct forward_quads {
   const float* x;
-  float* y;
+  Out* y;
   __device__ void quad(std::size_t i) const {
     const float4 a = reinterpret_cast<const float4*>(x)[i];
-    reinterpret_cast<float4*>(y)[i] = make_float4(Act::value(a.x), Act::value(a.y), Act::value(a.z), Act::value(a.w));
+    if constexpr (std::is_same_v<Out, float>) {
+      reinterpret_cast<float4*>(y)[i] = make_float4(Act::value(a.x), Act::value(a.y), Act::value(a.z), Act::value(a.w));
+    } else {
+      const auto bits = [](float v) { return static_cast<unsigned>(Out(v).bits()); };
+      reinterpret_cast<uint2*>(y)[i] = uint2{bits(Act::value(a.x)) | (bits(Act::value(a.y)) << 16),
+                                             bits(Act::value(a.z)) | (bits(Act::value(a.w)) << 16)};
+    }
   }
-  __device__ void one(std::size_t i) const { y[i] = Act::value(x[i]); }
+  __device__ void one(std::size_t i) const { y[i] = Out(Act::value(x[i])); }
 };
 
 template <class Act>
@@ -323,6 +338,29 @@ struct linear {
     }
   }
 
+  //! forward with x already in bf16, under gemm_math::bf16 only (a producer wrote its output
+  //! rounded: nothing rounds x again); W alone is rounded. The same bits as forward on the
+  //! float x that rounds to this one.
+  void forward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
+               device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    const std::size_t in = in_features, out = out_features;
+    nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
+    TRIDENT_EXPECT(handle.math == gemm_math::bf16, "cuda::linear::forward: x in bf16 needs gemm_math::bf16; the blas_ref is in ",
+                   name(handle.math));
+    if (!b.empty() && gemm_bias(handle, stream, batch, out, in, x.data(), w.data(), b.data(), y.data())) return;
+    if (y.empty()) return;
+    if (in == 0) {  // an empty sum (cuBLAS on bf16 refuses k = 0): y = 0, then the bias
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(y.data(), 0, y.size() * sizeof(float), stream));
+    } else {
+      const bf16* w16 = detail::round_all<1>(handle, stream, {{{w.data(), w.size()}}})[0];
+      gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w16, in, 0.0f, y.data(), out);
+    }
+    if (!b.empty()) {
+      detail::add_bias_kernel<><<<detail::grid_for(y.size()), detail::block_size, 0, stream>>>(y, b, out);
+      TRIDENT_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+
   //! dx = dy W (overwritten; skipped when empty, and then W may be empty), dW += dy^T x,
   //! db += column sums of dy (accumulated; db empty: no bias). Under gemm_math::bf16, dy is
   //! rounded once for both GEMMs (round_for_backward), not once per GEMM.
@@ -340,6 +378,17 @@ struct linear {
       if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
       gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
     }
+    bias_gradient(stream, batch, dy, db);
+  }
+  //! backward with x already in bf16 (as forward's overload): W and dy alone are rounded.
+  void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
+                device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    nn::detail::check_linear_backward("cuda::linear::backward", batch, in_features, out_features, x.size(), w.size(), dy.size(),
+                                      dx.size(), dw.size(), db.size());
+    const auto r = round_for_backward(handle, stream, batch, x, dx.empty() ? device_span<const float>{} : w, dy);
+    if (!dx.empty()) input_gradient(handle, stream, batch, r, dx);
+    weight_gradient(handle, stream, batch, r, dw);
     bias_gradient(stream, batch, dy, db);
   }
 
@@ -360,6 +409,20 @@ struct linear {
                    batch, ", ", out_features, "]");
     const auto r = detail::round_all<3>(handle, stream, {{{x.data(), x.size()}, {w.data(), w.size()}, {dy.data(), dy.size()}}});
     return {r[0], r[1], r[2]};
+  }
+  //! The same with x already in bf16 (gemm_math::bf16 only): W and dy alone are rounded, and the
+  //! copies hold x itself.
+  rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
+                                      device_span<const float> w, device_span<const float> dy) const {
+    TRIDENT_EXPECT(x.size() == batch * in_features && dy.size() == batch * out_features &&
+                       (w.empty() || w.size() == weight_size()),
+                   "cuda::linear::round_for_backward: x, w, dy have ", x.size(), ", ", w.size(), ", ", dy.size(),
+                   " elements, expected [", batch, ", ", in_features, "], [", out_features, ", ", in_features, "] or none, [",
+                   batch, ", ", out_features, "]");
+    TRIDENT_EXPECT(handle.math == gemm_math::bf16, "cuda::linear::round_for_backward: x in bf16 needs gemm_math::bf16; the "
+                   "blas_ref is in ", name(handle.math));
+    const auto r = detail::round_all<2>(handle, stream, {{{w.data(), w.size()}, {dy.data(), dy.size()}}});
+    return {x.empty() ? nullptr : x.data(), r[0], r[1]};
   }
   //! dx = dy W (overwritten) from round_for_backward's copies (which must hold W).
   void input_gradient(blas_ref handle, cudaStream_t stream, std::size_t batch, const rounded_operands& r, device_span<float> dx) const {
@@ -402,6 +465,20 @@ void activation_forward(device_span<const float> x, device_span<float> y, cudaSt
         x.size(), detail::forward_quads<Act>{x.data(), y.data()});
   else
     detail::activation_forward_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
+  TRIDENT_CUDA_CHECK(cudaGetLastError());
+}
+
+//! y = Act::value(x) rounded to bf16 (as bf16's constructor rounds): an activation whose only
+//! reader is a GEMM on bf16 operands (gemm_math::bf16) writes what that GEMM would round to.
+template <class Act>
+void activation_forward(device_span<const float> x, device_span<bf16> y, cudaStream_t stream = 0) {
+  nn::detail::check_elementwise("cuda::activation_forward", x.size(), y.size());
+  if (x.empty()) return;
+  if (detail::aligned16(x.data()) && reinterpret_cast<std::uintptr_t>(y.data()) % 8 == 0)
+    detail::quads_kernel<<<detail::grid_for((x.size() + 3) / 4), detail::block_size, 0, stream>>>(
+        x.size(), detail::forward_quads<Act, bf16>{x.data(), y.data()});
+  else
+    detail::activation_forward_bf16_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
   TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,6 +4,7 @@
 // Synopsis (namespace trident::nn::cuda; device memory as device_span, work on `stream`)
 //   struct layer_norm { std::size_t hidden; float eps = 1e-5f;
 //     void forward(stream, rows, x, gamma, beta, y, mean, rstd) const   y = (x - mean) rstd gamma + beta
+//                                                                       (y float, or bf16: rounded)
 //     std::size_t backward_scratch_size(rows) const
 //     void backward(stream, rows, x, gamma, mean, rstd, dy, dx, dgamma, dbeta[, scratch]) const }
 //   struct rms_norm { std::size_t hidden; float eps = 1e-6f;
@@ -35,6 +36,7 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/cuda_runtime.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/half.hpp"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/nn/norm.hpp"
 
@@ -59,9 +61,10 @@ inline unsigned warp_row_grid(const char* who, std::size_t rows) {
   return static_cast<unsigned>(blocks);
 }
 
-template <class = void>  // a template so that several translation units may include this header
+// Out: float, or bf16 (the float value rounded as bf16's constructor rounds).
+template <class Out>
 __global__ void layer_norm_forward_kernel(device_span<const float> x, device_span<const float> gamma,
-                                          device_span<const float> beta, device_span<float> y, device_span<float> mean,
+                                          device_span<const float> beta, device_span<Out> y, device_span<float> mean,
                                           device_span<float> rstd, std::size_t rows, std::size_t hidden, float eps) {
   const std::size_t r = blockIdx.x * std::size_t{norm_warps} + threadIdx.x / 32;
   if (r >= rows) return;  // the whole warp: no barriers below
@@ -79,10 +82,10 @@ __global__ void layer_norm_forward_kernel(device_span<const float> x, device_spa
     mean[r] = m;
     rstd[r] = s;
   }
-  float* out = y.data() + r * hidden;
+  Out* out = y.data() + r * hidden;
   for (std::size_t j = lane; j < hidden; j += 32) {
     const float xhat = __fmul_rn(__fsub_rn(row[j], m), s);
-    out[j] = __fadd_rn(__fmul_rn(xhat, gamma[j]), beta.empty() ? 0.0f : beta[j]);
+    out[j] = Out(__fadd_rn(__fmul_rn(xhat, gamma[j]), beta.empty() ? 0.0f : beta[j]));
   }
 }
 
@@ -177,7 +180,7 @@ __global__ void norm_params_partial_kernel(device_span<const float> x, device_sp
       const float v = x[r * hidden + j];
       const float xhat = Centered ? __fmul_rn(__fsub_rn(v, mean[r]), rstd[r]) : __fmul_rn(v, rstd[r]);
       g += d * static_cast<double>(xhat);
-      b += d;
+      if constexpr (Centered) b += d;
     }
   sg[threadIdx.y][threadIdx.x] = g;
   sb[threadIdx.y][threadIdx.x] = b;
@@ -185,14 +188,14 @@ __global__ void norm_params_partial_kernel(device_span<const float> x, device_sp
   for (unsigned half = norm_param_rows / 2; half > 0; half /= 2) {
     if (threadIdx.y < half) {
       sg[threadIdx.y][threadIdx.x] += sg[threadIdx.y + half][threadIdx.x];
-      sb[threadIdx.y][threadIdx.x] += sb[threadIdx.y + half][threadIdx.x];
+      if constexpr (Centered) sb[threadIdx.y][threadIdx.x] += sb[threadIdx.y + half][threadIdx.x];
     }
     __syncthreads();
   }
   if (threadIdx.y == 0 && j < hidden) {
     const std::size_t chunks = gridDim.y;
     partial[chunk * hidden + j] = sg[0][threadIdx.x];
-    if (Centered) partial[(chunks + chunk) * hidden + j] = sb[0][threadIdx.x];
+    if constexpr (Centered) partial[(chunks + chunk) * hidden + j] = sb[0][threadIdx.x];
   }
 }
 
@@ -200,26 +203,25 @@ __global__ void norm_params_partial_kernel(device_span<const float> x, device_sp
 template <class = void>  // a template so that several translation units may include this header
 __global__ void norm_params_finish_kernel(device_span<const double> partial, device_span<float> dgamma, device_span<float> dbeta,
                                           std::size_t chunks, std::size_t hidden) {
-  const std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-  if (j >= hidden) return;
-  double g = 0;
-  for (std::size_t c = 0; c < chunks; ++c) g += partial[c * hidden + j];
-  dgamma[j] = static_cast<float>(static_cast<double>(dgamma[j]) + g);
-  if (dbeta.empty()) return;
-  double b = 0;
-  for (std::size_t c = 0; c < chunks; ++c) b += partial[(chunks + c) * hidden + j];
-  dbeta[j] = static_cast<float>(static_cast<double>(dbeta[j]) + b);
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < hidden; j += std::size_t{gridDim.x} * blockDim.x) {
+    double g = 0;
+    for (std::size_t c = 0; c < chunks; ++c) g += partial[c * hidden + j];
+    dgamma[j] = static_cast<float>(static_cast<double>(dgamma[j]) + g);
+    if (dbeta.empty()) continue;
+    double b = 0;
+    for (std::size_t c = 0; c < chunks; ++c) b += partial[(chunks + c) * hidden + j];
+    dbeta[j] = static_cast<float>(static_cast<double>(dbeta[j]) + b);
+  }
 }
 
 // The chunked parameter sums on `stream`; false when they cannot run (no scratch, or more chunks
 // than the grid's y limit: 16.7 M rows), and the caller runs the kernel without a scratch.
 template <bool Centered>
-bool norm_params_chunked(cudaStream_t stream, const char* who, std::size_t rows, std::size_t hidden, device_span<const float> x,
+bool norm_params_chunked(cudaStream_t stream, std::size_t rows, std::size_t hidden, device_span<const float> x,
                          device_span<const float> mean, device_span<const float> rstd, device_span<const float> dy,
                          device_span<float> dgamma, device_span<float> dbeta, device_span<double> scratch) {
   const std::size_t chunks = norm_chunks(rows), tiles = (hidden + norm_param_cols - 1) / norm_param_cols;
-  if (scratch.empty() || chunks > 65535) return false;
-  TRIDENT_EXPECT(tiles <= 0x7fffffffu, who, ": ", hidden, " columns exceed the grid's limit");
+  if (scratch.empty() || chunks > 65535 || tiles > 0x7fffffffu) return false;  // (the scratch-less kernel checks its grid)
   norm_params_partial_kernel<Centered><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)),
                                          dim3(norm_param_cols, norm_param_rows), 0, stream>>>(x, mean, rstd, dy, scratch, rows,
                                                                                               hidden);
@@ -288,14 +290,13 @@ struct layer_norm {
 
   void forward(cudaStream_t stream, std::size_t rows, device_span<const float> x, device_span<const float> gamma,
                device_span<const float> beta, device_span<float> y, device_span<float> mean, device_span<float> rstd) const {
-    nn::detail::check_norm("cuda::layer_norm::forward", rows, hidden, x.size(), gamma.size(), y.size(), mean.size());
-    TRIDENT_EXPECT(rstd.size() == rows, "cuda::layer_norm::forward: rstd has ", rstd.size(), " elements, expected ", rows);
-    TRIDENT_EXPECT(beta.empty() || beta.size() == hidden, "cuda::layer_norm::forward: beta has ", beta.size(),
-                   " elements, expected ", hidden, " (or none)");
-    if (rows == 0) return;
-    detail::layer_norm_forward_kernel<><<<detail::warp_row_grid("cuda::layer_norm::forward", rows), detail::norm_warps * 32, 0,
-                                          stream>>>(x, gamma, beta, y, mean, rstd, rows, hidden, eps);
-    TRIDENT_CUDA_CHECK(cudaGetLastError());
+    launch_forward(stream, rows, x, gamma, beta, y, mean, rstd);
+  }
+  //! forward with y rounded to bf16 (as bf16's constructor rounds the float y): for a norm whose
+  //! only reader is a GEMM on bf16 operands (gemm_math::bf16), which would round y the same way.
+  void forward(cudaStream_t stream, std::size_t rows, device_span<const float> x, device_span<const float> gamma,
+               device_span<const float> beta, device_span<bf16> y, device_span<float> mean, device_span<float> rstd) const {
+    launch_forward(stream, rows, x, gamma, beta, y, mean, rstd);
   }
 
   //! The doubles backward() takes as scratch for `rows` rows: the parameter gradients then sum
@@ -320,14 +321,29 @@ struct layer_norm {
                    scratch.size(), " doubles, expected at least backward_scratch_size(", rows, ") = ", backward_scratch_size(rows),
                    " (or none)");
     if (rows == 0) return;
+    const dim3 columns = detail::param_grid(hidden);  // checked before anything is queued
     detail::layer_norm_dx_kernel<><<<detail::warp_row_grid("cuda::layer_norm::backward", rows), detail::norm_warps * 32, 0,
                                      stream>>>(x, gamma, mean, rstd, dy, dx, rows, hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
-    if (detail::norm_params_chunked<true>(stream, "cuda::layer_norm::backward", rows, hidden, x, mean, rstd, dy, dgamma, dbeta,
+    if (detail::norm_params_chunked<true>(stream, rows, hidden, x, mean, rstd, dy, dgamma, dbeta,
                                           scratch))
       return;
-    detail::layer_norm_params_kernel<><<<detail::param_grid(hidden), dim3(detail::param_tile, detail::param_rows), 0, stream>>>(
+    detail::layer_norm_params_kernel<><<<columns, dim3(detail::param_tile, detail::param_rows), 0, stream>>>(
         x, mean, rstd, dy, dgamma, dbeta, rows, hidden);
+    TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  template <class Out>
+  void launch_forward(cudaStream_t stream, std::size_t rows, device_span<const float> x, device_span<const float> gamma,
+                      device_span<const float> beta, device_span<Out> y, device_span<float> mean, device_span<float> rstd) const {
+    nn::detail::check_norm("cuda::layer_norm::forward", rows, hidden, x.size(), gamma.size(), y.size(), mean.size());
+    TRIDENT_EXPECT(rstd.size() == rows, "cuda::layer_norm::forward: rstd has ", rstd.size(), " elements, expected ", rows);
+    TRIDENT_EXPECT(beta.empty() || beta.size() == hidden, "cuda::layer_norm::forward: beta has ", beta.size(),
+                   " elements, expected ", hidden, " (or none)");
+    if (rows == 0) return;
+    detail::layer_norm_forward_kernel<Out><<<detail::warp_row_grid("cuda::layer_norm::forward", rows), detail::norm_warps * 32,
+                                             0, stream>>>(x, gamma, beta, y, mean, rstd, rows, hidden, eps);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   }
 };
@@ -337,6 +353,7 @@ struct layer_norm {
 //!   trident::nn::cuda::rms_norm norm{.hidden = 4096};
 //!   norm.forward(stream, rows, x, gamma, y, rrms);
 //!   norm.backward(stream, rows, x, gamma, rrms, dy, dx, dgamma);
+//!   norm.backward(stream, rows, x, gamma, rrms, dy, dx, dgamma, scratch);  // norm.backward_scratch_size(rows) doubles
 struct rms_norm {
   std::size_t hidden = 0;
   float eps = 1e-6f;
@@ -364,12 +381,13 @@ struct rms_norm {
                    scratch.size(), " doubles, expected at least backward_scratch_size(", rows, ") = ", backward_scratch_size(rows),
                    " (or none)");
     if (rows == 0) return;
+    const dim3 columns = detail::param_grid(hidden);  // checked before anything is queued
     detail::rms_norm_dx_kernel<><<<detail::warp_row_grid("cuda::rms_norm::backward", rows), detail::norm_warps * 32, 0,
                                    stream>>>(x, gamma, rrms, dy, dx, rows, hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
-    if (detail::norm_params_chunked<false>(stream, "cuda::rms_norm::backward", rows, hidden, x, {}, rrms, dy, dgamma, {}, scratch))
+    if (detail::norm_params_chunked<false>(stream, rows, hidden, x, {}, rrms, dy, dgamma, {}, scratch))
       return;
-    detail::rms_norm_params_kernel<><<<detail::param_grid(hidden), dim3(detail::param_tile, detail::param_rows), 0, stream>>>(
+    detail::rms_norm_params_kernel<><<<columns, dim3(detail::param_tile, detail::param_rows), 0, stream>>>(
         x, rrms, dy, dgamma, rows, hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   }

@@ -12,7 +12,8 @@
 // LayerNorm, attention and GELU kernels) on a cuda_context's compute stream, the four
 // all-reduces per step on the communicator's stream, ordered by events (tensor::cuda's linear
 // layers: backward's input-gradient all-reduces overlap their weight-gradient GEMMs).
-// With block_config::bf16_gemm its GEMMs run in gemm_math::bf16 whatever the blas_ref's math.
+// With block_config::bf16_gemm its GEMMs run in gemm_math::bf16 whatever the blas_ref's math, and
+// (without sequence parallelism) the norms and GELU write their GEMMs' inputs in bf16.
 // With block_config::flash_attention the attention core is nn::cuda::flash_attention (with flash_bf16,
 // nn::cuda::flash_attention_bf16): the saved
 // activation "probs" holds each row's log-sum-exp instead, and backward's "ds" scratch its delta.
@@ -44,6 +45,7 @@
 
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
+#include "trident/core/half.hpp"
 #include "trident/exec/cuda/stream.hpp"
 #include "trident/nn/activation.hpp"
 #include "trident/nn/cuda/attention.cuh"
@@ -57,8 +59,14 @@
 namespace trident::tensor::cuda {
 
 //! What forward keeps for backward, in device memory: the host block's fields
-//! (tensor::basic_block_activations), allocated once by make_activations().
-using block_activations = tensor::basic_block_activations<cuda_space>;
+//! (tensor::basic_block_activations), allocated once by make_activations(). Under
+//! block_config::bf16_gemm without sequence parallelism the three GEMM inputs that nothing else
+//! reads (the norms' outputs and GELU's) are kept in bf16 instead (ln1_out, ln2_out and
+//! gelu_out are then empty): their producers write them rounded, so neither forward's GEMMs nor
+//! backward's weight gradients round them again, and they take half the memory.
+struct block_activations : tensor::basic_block_activations<cuda_space> {
+  buffer<bf16, cuda_space> ln1_bf16, ln2_bf16, gelu_bf16;
+};
 
 //! backward's scratch (mem_category::other): the gradients between its layers, attention's
 //! dS, the recomputed probabilities under selective recomputation, sequence parallelism's
@@ -113,10 +121,13 @@ class transformer_block {
     const std::size_t f = fc1_.shape().local_out_features(), sp = config().sequence_parallel ? n * h : 0;
     const auto kept = [](std::size_t count) { return block_activations::storage(count, mem_category::activations); };
     const auto comm = [](std::size_t count) { return block_activations::storage(count, mem_category::communication); };
-    return {kept(m * h),      kept(m),     kept(m),    kept(m * h),
-            kept(n * 3 * lh), kept(saved_probs_size()),
-            kept(n * lh),     kept(m * h), kept(m),    kept(m),
-            kept(m * h),      kept(n * f), kept(n * f), comm(sp), comm(sp)};
+    const auto half = [](std::size_t count) { return buffer<bf16, cuda_space>(count, mem_category::activations); };
+    const bool r = rounded_inputs();
+    return {{kept(m * h),          kept(m),     kept(m),    kept(r ? 0 : m * h),
+             kept(n * 3 * lh),     kept(saved_probs_size()),
+             kept(n * lh),         kept(m * h), kept(m),    kept(m),
+             kept(r ? 0 : m * h),  kept(n * f), kept(r ? 0 : n * f), comm(sp), comm(sp)},
+            half(r ? m * h : 0), half(r ? m * h : 0), half(r ? n * f : 0)};
   }
 
   //! y from x, both [seq x batch, hidden] and the same on every rank of the group, or with
@@ -146,9 +157,17 @@ class transformer_block {
       else layer.forward(ctx, blas, tp, n, in, weight, bias, out);
     };
     TRIDENT_CUDA_CHECK(cudaMemcpyAsync(s.x.data(), x.data(), x.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    ln.forward(stream, m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.device_handle(), s.ln1_mean.device_handle(),
-               s.ln1_rstd.device_handle());
-    qkv_.forward(ctx, blas, tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.device_handle());
+    const bool r = rounded_inputs();
+    if (r) {  // the norms and GELU write their GEMMs' operands in bf16 (no sequence parallelism here)
+      ln.forward(stream, m, x, w.ln1_weight, w.ln1_bias, s.ln1_bf16.device_handle(), s.ln1_mean.device_handle(),
+                 s.ln1_rstd.device_handle());
+      qkv_.forward(ctx, blas, tp, n, device_span<const bf16>(s.ln1_bf16.device_handle()), w.qkv_weight, w.qkv_bias,
+                   s.qkv.device_handle());
+    } else {
+      ln.forward(stream, m, x, w.ln1_weight, w.ln1_bias, s.ln1_out.device_handle(), s.ln1_mean.device_handle(),
+                 s.ln1_rstd.device_handle());
+      qkv_.forward(ctx, blas, tp, n, whole(s.ln1_out), w.qkv_weight, w.qkv_bias, s.qkv.device_handle());
+    }
     if (config().flash_bf16) {
       flash_bf16().forward(stream, s.qkv.device_handle(), s.attn.device_handle(), s.probs.device_handle());  // probs: lse
     } else if (config().flash_attention) {
@@ -159,11 +178,20 @@ class transformer_block {
     }
     row(proj_, s.attn.device_handle(), w.proj_weight, w.proj_bias, s.mid.device_handle());
     nn::cuda::add_to(x, s.mid.device_handle(), stream);
-    ln.forward(stream, m, s.mid.device_handle(), w.ln2_weight, w.ln2_bias, s.ln2_out.device_handle(), s.ln2_mean.device_handle(),
-               s.ln2_rstd.device_handle());
-    fc1_.forward(ctx, blas, tp, n, whole(s.ln2_out), w.fc1_weight, w.fc1_bias, s.fc1_out.device_handle());
-    nn::cuda::activation_forward<nn::gelu>(s.fc1_out.device_handle(), s.gelu_out.device_handle(), stream);
-    row(fc2_, s.gelu_out.device_handle(), w.fc2_weight, w.fc2_bias, y);
+    if (r) {
+      ln.forward(stream, m, s.mid.device_handle(), w.ln2_weight, w.ln2_bias, s.ln2_bf16.device_handle(),
+                 s.ln2_mean.device_handle(), s.ln2_rstd.device_handle());
+      fc1_.forward(ctx, blas, tp, n, device_span<const bf16>(s.ln2_bf16.device_handle()), w.fc1_weight, w.fc1_bias,
+                   s.fc1_out.device_handle());
+      nn::cuda::activation_forward<nn::gelu>(s.fc1_out.device_handle(), s.gelu_bf16.device_handle(), stream);
+      fc2_.forward(ctx, blas, tp, n, device_span<const bf16>(s.gelu_bf16.device_handle()), w.fc2_weight, w.fc2_bias, y);
+    } else {
+      ln.forward(stream, m, s.mid.device_handle(), w.ln2_weight, w.ln2_bias, s.ln2_out.device_handle(),
+                 s.ln2_mean.device_handle(), s.ln2_rstd.device_handle());
+      fc1_.forward(ctx, blas, tp, n, whole(s.ln2_out), w.fc1_weight, w.fc1_bias, s.fc1_out.device_handle());
+      nn::cuda::activation_forward<nn::gelu>(s.fc1_out.device_handle(), s.gelu_out.device_handle(), stream);
+      row(fc2_, s.gelu_out.device_handle(), w.fc2_weight, w.fc2_bias, y);
+    }
     nn::cuda::add_to(s.mid.device_handle(), y, stream);
   }
 
@@ -202,11 +230,20 @@ class transformer_block {
       gather(ctx, tp, dy, full);
       dy_rows = full;
     }
-    fc2_.backward(ctx, blas, tp, n, s.gelu_out.device_handle(), w.fc2_weight, dy_rows, d_gelu, g.fc2_weight, g.fc2_bias);
+    const bool r = rounded_inputs();
+    if (r) {
+      fc2_.backward(ctx, blas, tp, n, device_span<const bf16>(s.gelu_bf16.device_handle()), w.fc2_weight, dy_rows, d_gelu,
+                    g.fc2_weight, g.fc2_bias);
+    } else {
+      fc2_.backward(ctx, blas, tp, n, s.gelu_out.device_handle(), w.fc2_weight, dy_rows, d_gelu, g.fc2_weight, g.fc2_bias);
+    }
     nn::cuda::activation_backward<nn::gelu>(s.fc1_out.device_handle(), d_gelu, d_fc1, stream);
     if (sp) {  // forward kept this rank's rows of the norm's output: gathered again for the weights
       gather(ctx, tp, s.ln2_out.device_handle(), gathered);
       fc1_.backward_to_sequence(ctx, blas, tp, n, gathered, w.fc1_weight, d_fc1, partial, d_ln2, g.fc1_weight, g.fc1_bias);
+    } else if (r) {
+      fc1_.backward(ctx, blas, tp, n, device_span<const bf16>(s.ln2_bf16.device_handle()), w.fc1_weight, d_fc1, d_ln2,
+                    g.fc1_weight, g.fc1_bias);  // f
     } else {
       fc1_.backward(ctx, blas, tp, n, s.ln2_out.device_handle(), w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // f
     }
@@ -237,6 +274,9 @@ class transformer_block {
     if (sp) {
       gather(ctx, tp, s.ln1_out.device_handle(), gathered);
       qkv_.backward_to_sequence(ctx, blas, tp, n, gathered, w.qkv_weight, d_qkv, partial, d_ln1, g.qkv_weight, g.qkv_bias);
+    } else if (r) {
+      qkv_.backward(ctx, blas, tp, n, device_span<const bf16>(s.ln1_bf16.device_handle()), w.qkv_weight, d_qkv, d_ln1,
+                    g.qkv_weight, g.qkv_bias);  // f
     } else {
       qkv_.backward(ctx, blas, tp, n, s.ln1_out.device_handle(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // f
     }
@@ -265,6 +305,9 @@ class transformer_block {
     blas.math = nn::gemm_math::bf16;
     return blas;
   }
+  // Whether the GEMMs' inputs are kept in bf16 (see block_activations). With sequence parallelism
+  // the norms' outputs are all-gathered in float first, and the GEMMs round them as before.
+  bool rounded_inputs() const noexcept { return config().bf16_gemm && !config().sequence_parallel; }
   std::size_t rows() const noexcept { return shape_.rows(); }
   std::size_t local_rows() const noexcept { return shape_.local_rows(); }
   const char* rows_name() const noexcept { return config().sequence_parallel ? "seq / t x batch" : "seq x batch"; }
@@ -309,10 +352,12 @@ class transformer_block {
   }
   void check_activations(const block_activations& s) const {
     const std::size_t n = rows();
-    TRIDENT_EXPECT(s.probs.size() == saved_probs_size() &&
-                       s.qkv.size() == n * 3 * local_width() && s.fc1_out.size() == n * fc1_.shape().local_out_features() &&
-                       s.x.size() == local_rows() * config().hidden &&
-                       s.gathered.size() == (config().sequence_parallel ? n * config().hidden : 0),
+    const std::size_t f = n * fc1_.shape().local_out_features(), mh = local_rows() * config().hidden;
+    const bool r = rounded_inputs();
+    TRIDENT_EXPECT(s.probs.size() == saved_probs_size() && s.qkv.size() == n * 3 * local_width() && s.fc1_out.size() == f &&
+                       s.x.size() == mh && s.gathered.size() == (config().sequence_parallel ? n * config().hidden : 0) &&
+                       s.ln1_out.size() == (r ? 0 : mh) && s.ln2_out.size() == (r ? 0 : mh) && s.gelu_out.size() == (r ? 0 : f) &&
+                       s.ln1_bf16.size() == (r ? mh : 0) && s.ln2_bf16.size() == (r ? mh : 0) && s.gelu_bf16.size() == (r ? f : 0),
                    name(), ": the saved activations are not this block's; expected make_activations() of the same block");
   }
 

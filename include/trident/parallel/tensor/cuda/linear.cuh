@@ -29,10 +29,12 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
+#include "trident/core/half.hpp"
 #include "trident/exec/cuda/stream.hpp"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/parallel/tensor/linear.hpp"
@@ -64,13 +66,15 @@ class column_parallel_linear {
   // both GEMMs: the copies in the handle's scratch stay valid, as nothing else runs a GEMM
   // through the handle in between (the collective only reads dx). Defined before its callers,
   // which use its deduced return type.
+  // x may be in bf16 already (gemm_math::bf16 only: then it is not rounded again).
+  template <class X>
   static auto input_gradient(const cuda_context& ctx, nn::blas_ref blas, const nn::cuda::linear& layer, std::size_t batch,
-                             device_span<const float> x, device_span<const float> w, device_span<const float> dy,
+                             device_span<const X> x, device_span<const float> w, device_span<const float> dy,
                              device_span<float> dx, device_span<float> dw, device_span<float> db) {
     const cudaStream_t stream = ctx.stream();
     const std::size_t in = layer.in_features, out = layer.out_features;
     nn::cuda::linear::rounded_operands r;
-    const bool bf16 = blas.math == nn::gemm_math::bf16;
+    const bool bf16 = blas.math == nn::gemm_math::bf16 || std::is_same_v<X, trident::bf16>;
     if (bf16) {
       r = layer.round_for_backward(blas, stream, batch, x, w, dy);
       layer.input_gradient(blas, stream, batch, r, dx);
@@ -97,20 +101,46 @@ class column_parallel_linear {
   const tensor::column_parallel_linear& shape() const noexcept { return shape_; }
   bool overlap = true;
 
+  //! x [batch, in] float; or bf16 under gemm_math::bf16, rounded by its producer (nothing
+  //! rounds it again: the same bits as the float x that rounds to it). backward's x alike.
   template <communicator Comm>
   void forward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
-    detail::require_device_comm<Comm>();
-    tensor::detail::check_group(name(), "forward", tp, tp_size());
-    nn::detail::check_linear_forward((name() + ".forward").c_str(), batch, local().in_features, local().out_features,
-                                     x.size(), w.size(), b.size(), y.size());
-    nn::cuda::linear{local().in_features, local().out_features}.forward(blas, ctx.stream(), batch, x, w, b, y);  // f: identity
+    forward_impl(ctx, blas, tp, batch, x, w, b, y);
+  }
+  template <communicator Comm>
+  void forward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const trident::bf16> x,
+               device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    forward_impl(ctx, blas, tp, batch, x, w, b, y);
   }
 
   template <communicator Comm>
   void backward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
+    backward_impl(ctx, blas, tp, batch, x, w, dy, dx, dw, db);
+  }
+  template <communicator Comm>
+  void backward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const trident::bf16> x,
+                device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    backward_impl(ctx, blas, tp, batch, x, w, dy, dx, dw, db);
+  }
+
+ private:
+  template <communicator Comm, class X>
+  void forward_impl(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const X> x,
+                    device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    detail::require_device_comm<Comm>();
+    tensor::detail::check_group(name(), "forward", tp, tp_size());
+    nn::detail::check_linear_forward((name() + ".forward").c_str(), batch, local().in_features, local().out_features,
+                                     x.size(), w.size(), b.size(), y.size());
+    nn::cuda::linear{local().in_features, local().out_features}.forward(blas, ctx.stream(), batch, x, w, b, y);  // f: identity
+  }
+  template <communicator Comm, class X>
+  void backward_impl(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const X> x,
+                     device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                     device_span<float> db) const {
     detail::require_device_comm<Comm>();
     tensor::detail::check_group(name(), "backward", tp, tp_size());
     const std::size_t in = local().in_features, out = local().out_features;
@@ -129,6 +159,7 @@ class column_parallel_linear {
     ctx.order_after(tp.stream());  // what follows on the compute stream sees the sum
   }
 
+ public:
   //! Sequence parallelism: x [batch, in] is the all-gathered input, so the input gradient goes
   //! back to sequence shards: `partial` [batch, in] (scratch) = dy W_r, reduce-scattered into dx
   //! [batch / t, in] (overwritten) beside the weight-gradient GEMM (without overlap the GEMM is
@@ -171,10 +202,23 @@ class row_parallel_linear {
 
   const tensor::row_parallel_linear& shape() const noexcept { return shape_; }
 
-  //! y = sum over the group of x_r W_r^T (g), then + b; the same on every rank.
+  //! y = sum over the group of x_r W_r^T (g), then + b; the same on every rank. x float; or
+  //! bf16 under gemm_math::bf16, rounded by its producer (as the column layer's).
   template <communicator Comm>
   void forward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    forward_impl(ctx, blas, tp, batch, x, w, b, y);
+  }
+  template <communicator Comm>
+  void forward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const trident::bf16> x,
+               device_span<const float> w, device_span<const float> b, device_span<float> y) const {
+    forward_impl(ctx, blas, tp, batch, x, w, b, y);
+  }
+
+ private:
+  template <communicator Comm, class X>
+  void forward_impl(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const X> x,
+                    device_span<const float> w, device_span<const float> b, device_span<float> y) const {
     detail::require_device_comm<Comm>();
     tensor::detail::check_group(shape_.name(), "forward", tp, tp_size());
     const std::size_t in = shape_.local().in_features, out = shape_.local().out_features;
@@ -187,6 +231,7 @@ class row_parallel_linear {
     detail::add_bias(ctx.stream(), y, b, out);  // once, after the sum
   }
 
+ public:
   //! Sequence parallelism: the partial products [batch, out] (`partial`, scratch) are
   //! reduce-scattered to this rank's rows, y [batch / t, out], and the bias is added there; the
   //! host's forward_to_sequence. Backward is backward() with the all-gathered output gradient.
@@ -209,11 +254,25 @@ class row_parallel_linear {
     detail::add_bias(ctx.stream(), y, b, out);  // once, on this rank's rows
   }
 
-  //! Local: dy is the same on every rank (g's backward is the identity).
+  //! Local: dy is the same on every rank (g's backward is the identity). x as forward's.
   template <communicator Comm>
   void backward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
+    backward_impl(ctx, blas, tp, batch, x, w, dy, dx, dw, db);
+  }
+  template <communicator Comm>
+  void backward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const trident::bf16> x,
+                device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    backward_impl(ctx, blas, tp, batch, x, w, dy, dx, dw, db);
+  }
+
+ private:
+  template <communicator Comm, class X>
+  void backward_impl(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const X> x,
+                     device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                     device_span<float> db) const {
     detail::require_device_comm<Comm>();
     tensor::detail::check_group(shape_.name(), "backward", tp, tp_size());
     const std::size_t in = shape_.local().in_features, out = shape_.local().out_features;
@@ -222,7 +281,6 @@ class row_parallel_linear {
     nn::cuda::linear{in, out}.backward(blas, ctx.stream(), batch, x, w, dy, dx, dw, db);
   }
 
- private:
   int tp_size() const noexcept { return shape_.parts(); }
   tensor::row_parallel_linear shape_;
 };

@@ -108,15 +108,17 @@ __global__ void embedding_grad_kernel(const std::uint32_t* __restrict__ rows_of_
 
 // A running softmax denominator: the largest logit seen and the sum of exp(logit - max) over
 // those seen. Merging two rescales the one with the smaller max (no exp when a max equals the
-// merged one, so that empty states, max -inf, merge to 0 rather than NaN). NaN logits never win
-// the comparison and make the sum NaN, as the two-pass form did; -inf logits add nothing.
+// merged one, so that empty states, max -inf, merge to 0 rather than NaN). NaN and +inf logits
+// make the sum NaN, as the two-pass form did; -inf logits add nothing.
 struct softmax_state {
   float max = -INFINITY;
   double sum = 0;
 
   __device__ void add(float x) {
     if (x > max) {  // rare after a row's first few columns
-      sum = sum * exp(static_cast<double>(max) - x) + 1.0;  // exp(-inf) = 0 for the first
+      // exp(-inf) = 0 for the first; a +inf logit makes the sum NaN, as exp(inf - inf) did in
+      // the two-pass form (and does on the host), wherever the other columns of its row lie
+      sum = sum * exp(static_cast<double>(max) - x) + (x == INFINITY ? NAN : 1.0);
       max = x;
     } else if (x != -INFINITY) {  // -inf adds 0 (and exp(-inf - -inf) would be NaN); NaN adds NaN
       sum += exp(static_cast<double>(x) - max);
@@ -174,9 +176,8 @@ __global__ void row_stats_kernel(device_span<const float> logits, device_span<co
 // their all-reduce is the whole row's (no exp where this rank holds the max: one rank, always).
 template <class = void>  // a template so that several translation units may include this header
 __global__ void rescale_sums_kernel(device_span<const float> max, device_span<const float> local_max, device_span<double> sums) {
-  const std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
-  if (i >= max.size() || local_max[i] == max[i]) return;
-  sums[i] *= exp(static_cast<double>(local_max[i]) - max[i]);
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < max.size(); i += std::size_t{gridDim.x} * blockDim.x)
+    if (local_max[i] != max[i]) sums[i] *= exp(static_cast<double>(local_max[i]) - max[i]);
 }
 
 // loss[0] = the mean over rows of (max + log sum) - target logit, over a fixed tree (one block).
