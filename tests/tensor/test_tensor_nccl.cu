@@ -101,6 +101,78 @@ void mlp(bool overlap) {
   CHECK(tensor_suite::relative_error(on_host(d_db2), db2) <= 1e-5);
 }
 
+// Under bf16 GEMMs the layers take an input already in bf16 (its producer rounded it): the same
+// bits as the float input that rounds to it, forward and backward (the column layer's all-reduce
+// of dx overlapped with its weight gradient, and not), and in no other math.
+void bf16_inputs() {
+  auto& tp = *world;
+  const int r = tp.rank();
+  const std::size_t batch = 6, hidden = 16, ffn = 48;
+  trident::cuda_context ctx;
+  trident::nn::cublas_handle blas;
+  trident::nn::cuda::use_bf16_gemm(blas);
+  trident::tensor::cuda::column_parallel_linear fc1(tp, hidden, ffn, "fc1");
+  const trident::tensor::cuda::row_parallel_linear fc2(tp, ffn, hidden, "fc2");
+  const std::size_t local = fc1.shape().local_out_features();
+  const auto x = tensor_suite::random(batch * hidden, 61), a = tensor_suite::random(batch * local, 62 + static_cast<std::uint64_t>(r));
+  const auto dh = tensor_suite::random(batch * local, 63), dy = tensor_suite::random(batch * hidden, 64);
+  auto d_x = on_device(x), d_a = on_device(a), d_dh = on_device(dh), d_dy = on_device(dy);
+  auto d_w1 = on_device(tensor_suite::part_of(fc1.shape().weight_sharding(), r, tensor_suite::random(ffn * hidden, 65, 0.3f)));
+  auto d_b1 = on_device(tensor_suite::part_of(fc1.shape().bias_sharding(), r, tensor_suite::random(ffn, 66, 0.1f)));
+  auto d_w2 = on_device(tensor_suite::part_of(fc2.shape().weight_sharding(), r, tensor_suite::random(hidden * ffn, 67, 0.3f)));
+  auto d_b2 = on_device(tensor_suite::random(hidden, 68, 0.1f));
+  trident::buffer<trident::bf16, trident::cuda_space> x16(x.size()), a16(a.size());
+  TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+  trident::nn::cuda::round_to_bf16(d_x.data(), x16.data(), x.size(), ctx.stream());
+  trident::nn::cuda::round_to_bf16(d_a.data(), a16.data(), a.size(), ctx.stream());
+  const trident::device_span<const trident::bf16> cx16 = x16.device_handle(), ca16 = a16.device_handle();
+  struct outputs {
+    trident::buffer<float, trident::cuda_space> h, y, dx, dw1, db1, da, dw2, db2;
+  };
+  auto run = [&](bool rounded, bool overlap) {
+    outputs o{zeros(batch * local), zeros(batch * hidden), zeros(batch * hidden), zeros(d_w1.size()), zeros(d_b1.size()),
+              zeros(batch * local), zeros(d_w2.size()), zeros(hidden)};
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    fc1.overlap = overlap;
+    if (rounded) {
+      fc1.forward(ctx, blas, tp, batch, cx16, d_w1.device_handle(), d_b1.device_handle(), o.h.device_handle());
+      fc2.forward(ctx, blas, tp, batch, ca16, d_w2.device_handle(), d_b2.device_handle(), o.y.device_handle());
+      fc2.backward(ctx, blas, tp, batch, ca16, d_w2.device_handle(), d_dy.device_handle(), o.da.device_handle(),
+                   o.dw2.device_handle(), o.db2.device_handle());
+      fc1.backward(ctx, blas, tp, batch, cx16, d_w1.device_handle(), d_dh.device_handle(), o.dx.device_handle(),
+                   o.dw1.device_handle(), o.db1.device_handle());
+    } else {
+      fc1.forward(ctx, blas, tp, batch, d_x.device_handle(), d_w1.device_handle(), d_b1.device_handle(), o.h.device_handle());
+      fc2.forward(ctx, blas, tp, batch, d_a.device_handle(), d_w2.device_handle(), d_b2.device_handle(), o.y.device_handle());
+      fc2.backward(ctx, blas, tp, batch, d_a.device_handle(), d_w2.device_handle(), d_dy.device_handle(), o.da.device_handle(),
+                   o.dw2.device_handle(), o.db2.device_handle());
+      fc1.backward(ctx, blas, tp, batch, d_x.device_handle(), d_w1.device_handle(), d_dh.device_handle(), o.dx.device_handle(),
+                   o.dw1.device_handle(), o.db1.device_handle());
+    }
+    ctx.synchronize();
+    return o;
+  };
+  for (const bool overlap : {true, false}) {
+    const auto want = run(false, overlap), got = run(true, overlap);
+    INFO("bf16 inputs on NCCL rank ", r, " of ", tp.size(), overlap ? ", overlap" : "");
+    CHECK(on_host(got.h) == on_host(want.h));
+    CHECK(on_host(got.y) == on_host(want.y));
+    CHECK(on_host(got.dx) == on_host(want.dx));
+    CHECK(on_host(got.dw1) == on_host(want.dw1));
+    CHECK(on_host(got.db1) == on_host(want.db1));
+    CHECK(on_host(got.da) == on_host(want.da));
+    CHECK(on_host(got.dw2) == on_host(want.dw2));
+    CHECK(on_host(got.db2) == on_host(want.db2));
+    const auto dw1 = on_host(got.dw1);  // and not zeros by accident
+    CHECK(std::any_of(dw1.begin(), dw1.end(), [](float v) { return v != 0.0f; }));
+  }
+  trident::nn::cublas_handle tf32;
+  tf32.set_math(trident::nn::gemm_math::tf32);
+  auto h = zeros(batch * local);
+  CHECK_THROWS_WITH_AS(fc1.forward(ctx, tf32, tp, batch, cx16, d_w1.device_handle(), d_b1.device_handle(), h.device_handle()),
+                       doctest::Contains("x in bf16 needs gemm_math::bf16"), trident::usage_error);
+}
+
 // The vocabulary-parallel embedding equals the unsharded lookup bit for bit (forward and the
 // table's gradient: the other ranks add exact zeros), the cross-entropy equals
 // nn::softmax_cross_entropy on the whole logits within 1e-6; a target outside the vocabulary
@@ -186,7 +258,7 @@ void vocab() {
     CHECK(std::all_of(grad.begin(), grad.end(), [](float v) { return std::isfinite(v); }));
     CHECK(tensor_suite::relative_error(grad, tensor_suite::part_of(wide_columns, r, wide_dlogits)) <= 1e-6);
     // A +inf logit makes the loss NaN, as on the host, wherever the rest of its row lies: two in
-    // one row (columns on one rank or on two, by t) and one alone in another.
+    // one row (columns on one rank or on two, by t), then one alone in that row.
     wide_logits[4 * wide + 10] = wide_logits[4 * wide + 1290] = inf;
     auto d_inf = on_device(tensor_suite::part_of(wide_columns, r, wide_logits));
     TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -223,9 +295,11 @@ void vocab() {
 // tiles of 64, the second partial) the same within 1e-2, TF32's rounding; with its bf16 tiles
 // (q, k, v, dout, P and dS rounded to bf16) within 5e-2.
 // With bf16 GEMMs (block_config::bf16_gemm) the host block emulates them (operands rounded to
-// bf16 the same way): within 2e-3, where an operand computed a little differently on the GPU
-// rounds to the neighbouring bf16 (without sequence parallelism the norms and GELU write those
-// operands in bf16 themselves; with it the GEMMs round them).
+// bf16 the same way), and the flash attention's TF32 tiles too (the unfused attention would run
+// its products in TF32 under the block's bf16 math, which the host does not emulate): within
+// 2e-3, where an operand computed a little differently on the GPU rounds to the neighbouring
+// bf16 (without sequence parallelism the norms and GELU write those operands in bf16 themselves;
+// with it the GEMMs round them).
 void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16 = false, bool bf16_gemm = false) {
   auto& tp = *world;
   const int r = tp.rank();
@@ -239,6 +313,7 @@ void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16
   const auto x = tensor_suite::random(n * h, 31), dy = tensor_suite::random(n * h, 32);
   // The unsharded block, on one host rank.
   config.bf16_gemm = bf16_gemm;  // the serial block emulates them too
+  if (bf16_gemm) config.flash_attention = flash;  // and the tiles
   const auto serial_config = config;
   config.selective_recompute = selective;
   config.sequence_parallel = sequence_parallel;
@@ -348,8 +423,18 @@ TEST_CASE("a transformer block on NCCL with bf16 GEMMs = the unsharded block emu
     MESSAGE("compute capability ", major, ".x: bf16 GEMMs need 8.0; not run");
     return;
   }
-  block(false, false, false, false, true);  // the norms and GELU write the GEMMs' inputs in bf16
-  block(true, true, false, false, true);    // sequence parallelism: the GEMMs round them
+  block(false, false, true, false, true);  // the norms and GELU write the GEMMs' inputs in bf16
+  block(false, true, true, false, true);   // sequence parallelism: the GEMMs round them
+}
+
+TEST_CASE("tensor-parallel layers on NCCL under bf16 GEMMs: an input already in bf16 gives the float input's bits") {
+  int major = 0;
+  TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 8) {
+    MESSAGE("compute capability ", major, ".x: bf16 GEMMs need 8.0; not run");
+    return;
+  }
+  bf16_inputs();
 }
 
 TEST_CASE("tensor-parallel MLP on NCCL = the unsharded MLP (overlap on and off)") {

@@ -80,6 +80,7 @@ inline const char* name(gemm_math m) noexcept {
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <source_location>
@@ -456,6 +457,21 @@ inline bool gemm_bias(blas_ref blas, cudaStream_t stream, std::size_t m, std::si
   const std::size_t workspace = blas.workspace == nullptr ? 0 : blas.workspace_bytes;
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                             sizeof(workspace)));
+  // The operands' alignment as it is (the heuristic assumes 256 bytes unless told: a view into
+  // an arena, or a caller's bf16 x, may be less, and an algorithm that needs more would fail).
+  // The rounded copies are 256-byte aligned; for aligned pointers this is the default.
+  const auto alignment = [](const void* p) {
+    std::uint32_t a = 256;
+    while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+    return a;
+  };
+  const std::uint32_t align_w = bf16_math ? 256 : alignment(w), align_x = bf16_math && !x_bf16 ? 256 : alignment(x);
+  const std::uint32_t align_y = alignment(y);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_w}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_x},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_y}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_y}};
+  for (const auto& [attribute, bytes] : alignments)
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, attribute, &bytes, sizeof(bytes)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status =
