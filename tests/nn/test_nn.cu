@@ -580,6 +580,26 @@ TEST_CASE("cuda::layer_norm matches nn::layer_norm, accumulating dgamma and dbet
     // and close to the path without one: both sum in double, so they part at the float rounding
     check_close(trident::to_vector(s_dgamma), trident::to_vector(d_dgamma), 1e-6, 1e-6, "dgamma, scratch vs none" + at);
     check_close(trident::to_vector(s_dbeta), trident::to_vector(d_dbeta), 1e-6, 1e-6, "dbeta, scratch vs none" + at);
+    // With a residual, dx = residual + the input gradient (float addition, as add_to): into
+    // another buffer, and into the residual's own (it may be dx).
+    {
+      const auto residual = random_vector(x.size(), 47);
+      auto d_residual = to_device(residual), in_place = to_device(residual);
+      auto r_dgamma = to_device(dgamma), r_dbeta = to_device(dbeta);
+      buffer<float, cuda_space> r_dx(x.size());
+      dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(), d_rstd.device_handle(),
+                   d_dy.device_handle(), r_dx.device_handle(), r_dgamma.device_handle(), r_dbeta.device_handle(), {},
+                   d_residual.device_handle());
+      dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(), d_rstd.device_handle(),
+                   d_dy.device_handle(), in_place.device_handle(), r_dgamma.device_handle(), r_dbeta.device_handle(),
+                   scratch.device_handle(), in_place.device_handle());
+      auto want = trident::to_vector(d_dx);
+      for (std::size_t i = 0; i < want.size(); ++i) want[i] = residual[i] + want[i];
+      const bool added = trident::to_vector(r_dx) == want, added_in_place = trident::to_vector(in_place) == want;
+      INFO("dx with a residual", at);
+      CHECK(added);
+      CHECK(added_in_place);
+    }
     if (rows > 256) {  // a scratch one double short is refused by name
       buffer<double, cuda_space> small(scratch.size() - 1);
       CHECK_THROWS_WITH_AS(dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_mean.device_handle(),
@@ -625,6 +645,17 @@ TEST_CASE("cuda::rms_norm matches nn::rms_norm, accumulating dgamma like the hos
     check_close(trident::to_vector(d_dgamma), dgamma, sums_atol, 1e-5, "dgamma" + at);
     check_close(trident::to_vector(s_dgamma), dgamma, sums_atol, 1e-5, "dgamma with a scratch" + at);
     check_close(trident::to_vector(s_dgamma), trident::to_vector(d_dgamma), 1e-6, 1e-6, "dgamma, scratch vs none" + at);
+    {  // a residual (here dx's own buffer): dx = residual + the input gradient
+      const auto residual = random_vector(x.size(), 75);
+      auto in_place = to_device(residual), r_dgamma = to_device(dgamma);
+      dev.backward(0, rows, d_x.device_handle(), d_gamma.device_handle(), d_rrms.device_handle(), d_dy.device_handle(),
+                   in_place.device_handle(), r_dgamma.device_handle(), {}, in_place.device_handle());
+      auto want = trident::to_vector(d_dx);
+      for (std::size_t i = 0; i < want.size(); ++i) want[i] = residual[i] + want[i];
+      const bool added = trident::to_vector(in_place) == want;
+      INFO("dx with a residual", at);
+      CHECK(added);
+    }
   }
 }
 

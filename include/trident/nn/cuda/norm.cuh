@@ -6,11 +6,12 @@
 //     void forward(stream, rows, x, gamma, beta, y, mean, rstd) const   y = (x - mean) rstd gamma + beta
 //                                                                       (y float, or bf16: rounded)
 //     std::size_t backward_scratch_size(rows) const
-//     void backward(stream, rows, x, gamma, mean, rstd, dy, dx, dgamma, dbeta[, scratch]) const }
+//     void backward(stream, rows, x, gamma, mean, rstd, dy, dx, dgamma, dbeta[, scratch[, residual]]) const }
+//                                                            (dx = residual + the input gradient)
 //   struct rms_norm { std::size_t hidden; float eps = 1e-6f;
 //     void forward(stream, rows, x, gamma, y, rrms) const                 y = x rrms gamma
 //     std::size_t backward_scratch_size(rows) const
-//     void backward(stream, rows, x, gamma, rrms, dy, dx, dgamma[, scratch]) const }
+//     void backward(stream, rows, x, gamma, rrms, dy, dx, dgamma[, scratch[, residual]]) const }
 //
 // nn::layer_norm's and nn::rms_norm's contracts (nn/norm.hpp: torch.nn.LayerNorm, biased variance, the row
 // statistics saved for backward, dx overwritten, dgamma and dbeta accumulated) and its shape
@@ -93,12 +94,14 @@ __global__ void layer_norm_forward_kernel(device_span<const float> x, device_spa
 template <class = void>  // a template so that several translation units may include this header
 __global__ void layer_norm_dx_kernel(device_span<const float> x, device_span<const float> gamma,
                                      device_span<const float> mean, device_span<const float> rstd,
-                                     device_span<const float> dy, device_span<float> dx, std::size_t rows, std::size_t hidden) {
+                                     device_span<const float> dy, device_span<float> dx, device_span<const float> residual,
+                                     std::size_t rows, std::size_t hidden) {
   const std::size_t r = blockIdx.x * std::size_t{norm_warps} + threadIdx.x / 32;
   if (r >= rows) return;
   const unsigned lane = threadIdx.x % 32;
   const float* row = x.data() + r * hidden;
   const float* grow = dy.data() + r * hidden;
+  const float* rest = residual.empty() ? nullptr : residual.data() + r * hidden;
   const float m = mean[r], s = rstd[r];
   double sum_g = 0, sum_gx = 0;
   for (std::size_t j = lane; j < hidden; j += 32) {
@@ -114,7 +117,8 @@ __global__ void layer_norm_dx_kernel(device_span<const float> x, device_span<con
   for (std::size_t j = lane; j < hidden; j += 32) {
     const float xhat = __fmul_rn(__fsub_rn(row[j], m), s);
     const double g = static_cast<double>(grow[j]) * gamma[j];
-    out[j] = static_cast<float>(s * (g - mean_g - xhat * mean_gx));
+    const float v = static_cast<float>(s * (g - mean_g - xhat * mean_gx));
+    out[j] = rest == nullptr ? v : __fadd_rn(rest[j], v);
   }
 }
 
@@ -137,12 +141,14 @@ __global__ void rms_norm_forward_kernel(device_span<const float> x, device_span<
 // dx = rrms (g - xhat mean(g xhat)), g = dy gamma, xhat = x rrms, in double (one warp per row).
 template <class = void>  // a template so that several translation units may include this header
 __global__ void rms_norm_dx_kernel(device_span<const float> x, device_span<const float> gamma, device_span<const float> rrms,
-                                   device_span<const float> dy, device_span<float> dx, std::size_t rows, std::size_t hidden) {
+                                   device_span<const float> dy, device_span<float> dx, device_span<const float> residual,
+                                   std::size_t rows, std::size_t hidden) {
   const std::size_t r = blockIdx.x * std::size_t{norm_warps} + threadIdx.x / 32;
   if (r >= rows) return;
   const unsigned lane = threadIdx.x % 32;
   const float* row = x.data() + r * hidden;
   const float* grow = dy.data() + r * hidden;
+  const float* rest = residual.empty() ? nullptr : residual.data() + r * hidden;
   const float s = rrms[r];
   double sum_gx = 0;
   for (std::size_t j = lane; j < hidden; j += 32)
@@ -151,7 +157,8 @@ __global__ void rms_norm_dx_kernel(device_span<const float> x, device_span<const
   float* out = dx.data() + r * hidden;
   for (std::size_t j = lane; j < hidden; j += 32) {
     const float xhat = __fmul_rn(row[j], s);
-    out[j] = static_cast<float>(s * (static_cast<double>(grow[j]) * gamma[j] - xhat * mean_gx));
+    const float v = static_cast<float>(s * (static_cast<double>(grow[j]) * gamma[j] - xhat * mean_gx));
+    out[j] = rest == nullptr ? v : __fadd_rn(rest[j], v);
   }
 }
 
@@ -307,10 +314,12 @@ struct layer_norm {
   //! dx overwritten; dgamma += sum of dy xhat, dbeta += sum of dy (dbeta may be empty). With a
   //! `scratch` of at least backward_scratch_size(rows) doubles (overwritten) the parameter
   //! gradients take the chunked path: the same sums in another order (in double, then rounded).
+  //! With a `residual` ([rows, hidden]; it may be dx itself), dx = residual + the norm's input
+  //! gradient, in one pass: a pre-norm block's residual branch, the bits of add_to after it.
   void backward(cudaStream_t stream, std::size_t rows, device_span<const float> x, device_span<const float> gamma,
                 device_span<const float> mean, device_span<const float> rstd, device_span<const float> dy,
                 device_span<float> dx, device_span<float> dgamma, device_span<float> dbeta,
-                device_span<double> scratch = {}) const {
+                device_span<double> scratch = {}, device_span<const float> residual = {}) const {
     nn::detail::check_norm("cuda::layer_norm::backward", rows, hidden, x.size(), gamma.size(), dy.size(), mean.size());
     TRIDENT_EXPECT(rstd.size() == rows && dx.size() == x.size() && dgamma.size() == hidden &&
                        (dbeta.empty() || dbeta.size() == hidden),
@@ -320,10 +329,12 @@ struct layer_norm {
     TRIDENT_EXPECT(scratch.empty() || scratch.size() >= backward_scratch_size(rows), "cuda::layer_norm::backward: the scratch has ",
                    scratch.size(), " doubles, expected at least backward_scratch_size(", rows, ") = ", backward_scratch_size(rows),
                    " (or none)");
+    TRIDENT_EXPECT(residual.empty() || residual.size() == dx.size(), "cuda::layer_norm::backward: the residual has ",
+                   residual.size(), " elements, expected [", rows, ", ", hidden, "] (or none)");
     if (rows == 0) return;
     const dim3 columns = detail::param_grid(hidden);  // checked before anything is queued
     detail::layer_norm_dx_kernel<><<<detail::warp_row_grid("cuda::layer_norm::backward", rows), detail::norm_warps * 32, 0,
-                                     stream>>>(x, gamma, mean, rstd, dy, dx, rows, hidden);
+                                     stream>>>(x, gamma, mean, rstd, dy, dx, residual, rows, hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     if (detail::norm_params_chunked<true>(stream, rows, hidden, x, mean, rstd, dy, dgamma, dbeta,
                                           scratch))
@@ -370,20 +381,23 @@ struct rms_norm {
   //! The doubles backward() takes as scratch for `rows` rows (as layer_norm's, dgamma's half).
   std::size_t backward_scratch_size(std::size_t rows) const noexcept { return detail::norm_chunks(rows) * hidden; }
 
-  //! dx overwritten (must not alias dy); dgamma += sum of dy xhat; `scratch` as layer_norm's.
+  //! dx overwritten (must not alias dy); dgamma += sum of dy xhat; `scratch` and `residual` as
+  //! layer_norm's.
   void backward(cudaStream_t stream, std::size_t rows, device_span<const float> x, device_span<const float> gamma,
                 device_span<const float> rrms, device_span<const float> dy, device_span<float> dx, device_span<float> dgamma,
-                device_span<double> scratch = {}) const {
+                device_span<double> scratch = {}, device_span<const float> residual = {}) const {
     nn::detail::check_norm("cuda::rms_norm::backward", rows, hidden, x.size(), gamma.size(), dy.size(), rrms.size());
     TRIDENT_EXPECT(dx.size() == x.size() && dgamma.size() == hidden, "cuda::rms_norm::backward: expected dx [", rows, ", ",
                    hidden, "] and dgamma [", hidden, "]; got ", dx.size(), " and ", dgamma.size());
     TRIDENT_EXPECT(scratch.empty() || scratch.size() >= backward_scratch_size(rows), "cuda::rms_norm::backward: the scratch has ",
                    scratch.size(), " doubles, expected at least backward_scratch_size(", rows, ") = ", backward_scratch_size(rows),
                    " (or none)");
+    TRIDENT_EXPECT(residual.empty() || residual.size() == dx.size(), "cuda::rms_norm::backward: the residual has ",
+                   residual.size(), " elements, expected [", rows, ", ", hidden, "] (or none)");
     if (rows == 0) return;
     const dim3 columns = detail::param_grid(hidden);  // checked before anything is queued
     detail::rms_norm_dx_kernel<><<<detail::warp_row_grid("cuda::rms_norm::backward", rows), detail::norm_warps * 32, 0,
-                                   stream>>>(x, gamma, rrms, dy, dx, rows, hidden);
+                                   stream>>>(x, gamma, rrms, dy, dx, residual, rows, hidden);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
     if (detail::norm_params_chunked<false>(stream, rows, hidden, x, {}, rrms, dy, dgamma, {}, scratch))
       return;

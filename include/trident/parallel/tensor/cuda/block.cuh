@@ -74,7 +74,7 @@ struct block_activations : tensor::basic_block_activations<cuda_space> {
 //! (share_backward_workspace).
 struct block_workspace {
   buffer<float, cuda_space> d_gelu, d_fc1, d_attn, d_qkv;  // this rank's features
-  buffer<float, cuda_space> d_ln2, d_norm, d_ln1, d_mid;   // [rows this rank holds, hidden]
+  buffer<float, cuda_space> d_ln2, d_ln1, d_mid;           // [rows this rank holds, hidden]
   buffer<float, cuda_space> ds, probs;                     // [batch, heads / t, seq, seq] (flash: ds [.., seq], no probs)
   buffer<float, cuda_space> full, gathered, partial;       // sequence parallelism: [seq x batch, hidden]
   buffer<float, cuda_space> norms;                         // sequence parallelism: the norms' 4 x hidden gradients
@@ -212,7 +212,7 @@ class transformer_block {
     auto& ws = scratch();
     // Every scratch buffer is overwritten before it is read.
     const auto d_mid = ws.d_mid.device_handle().subspan(0, m * h), d_ln2 = ws.d_ln2.device_handle().subspan(0, m * h);
-    const auto d_norm = ws.d_norm.device_handle().subspan(0, m * h), d_ln1 = ws.d_ln1.device_handle().subspan(0, m * h);
+    const auto d_ln1 = ws.d_ln1.device_handle().subspan(0, m * h);
     const auto d_gelu = ws.d_gelu.device_handle(), d_fc1 = ws.d_fc1.device_handle(), d_attn = ws.d_attn.device_handle();
     const auto d_qkv = ws.d_qkv.device_handle();
     const auto full = ws.full.device_handle(), gathered = ws.gathered.device_handle(), partial = ws.partial.device_handle();
@@ -223,7 +223,6 @@ class transformer_block {
     const auto norm_grad = [&](device_span<float> whole_grad, std::size_t k) {
       return sp ? norms.subspan(k * h, h) : whole_grad;
     };
-    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(d_mid.data(), dy.data(), dy.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     // MLP: y = mid + fc2(gelu(fc1(ln2(mid)))).
     device_span<const float> dy_rows = dy;
     if (sp) {  // g's backward: the output gradient's shards all-gathered
@@ -248,8 +247,7 @@ class transformer_block {
       fc1_.backward(ctx, blas, tp, n, s.ln2_out.device_handle(), w.fc1_weight, d_fc1, d_ln2, g.fc1_weight, g.fc1_bias);  // f
     }
     ln.backward(stream, m, s.mid.device_handle(), w.ln2_weight, s.ln2_mean.device_handle(), s.ln2_rstd.device_handle(), d_ln2,
-                d_norm, norm_grad(g.ln2_weight, 2), norm_grad(g.ln2_bias, 3), ws.norm_sums.device_handle());
-    nn::cuda::add_to(d_norm, d_mid, stream);
+                d_mid, norm_grad(g.ln2_weight, 2), norm_grad(g.ln2_bias, 3), ws.norm_sums.device_handle(), dy);  // d_mid = dy + ...
     // Attention: mid = x + proj(attn(qkv(ln1(x)))).
     device_span<const float> d_mid_rows = d_mid;
     if (sp) {
@@ -281,8 +279,7 @@ class transformer_block {
       qkv_.backward(ctx, blas, tp, n, s.ln1_out.device_handle(), w.qkv_weight, d_qkv, d_ln1, g.qkv_weight, g.qkv_bias);  // f
     }
     ln.backward(stream, m, s.x.device_handle(), w.ln1_weight, s.ln1_mean.device_handle(), s.ln1_rstd.device_handle(), d_ln1, dx,
-                norm_grad(g.ln1_weight, 0), norm_grad(g.ln1_bias, 1), ws.norm_sums.device_handle());
-    nn::cuda::add_to(d_mid, dx, stream);
+                norm_grad(g.ln1_weight, 0), norm_grad(g.ln1_bias, 1), ws.norm_sums.device_handle(), d_mid);  // dx = d_mid + ...
     if (sp) {  // the norms' gradients over every row: one all-reduce, then added to the caller's
       ctx.hand_to(tp.stream());
       tp.all_reduce(space_span<float, cuda_space>(norms.data(), norms.size()), reduce_op::sum);
@@ -343,7 +340,7 @@ class transformer_block {
       const std::size_t p = attention().probs_size(), sp = config().sequence_parallel ? nh : 0;
       auto make = [](std::size_t count) { return buffer<float, cuda_space>(count, mem_category::other); };
       workspace_ = std::make_shared<block_workspace>(block_workspace{
-          make(f), make(f), make(lw), make(3 * lw), make(nh), make(nh), make(nh), make(nh), make(fa ? flash().lse_size() : p),
+          make(f), make(f), make(lw), make(3 * lw), make(nh), make(nh), make(nh), make(fa ? flash().lse_size() : p),
           make(config().selective_recompute && !fa ? p : 0), make(sp), make(sp), make(sp),
           make(config().sequence_parallel ? 4 * config().hidden : 0),
           buffer<double, cuda_space>(nn::cuda::layer_norm{config().hidden}.backward_scratch_size(local_rows()), mem_category::other)});
