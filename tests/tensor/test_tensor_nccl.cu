@@ -319,7 +319,9 @@ void block(bool selective, bool sequence_parallel, bool flash = false, bool bf16
   config.sequence_parallel = sequence_parallel;
   config.flash_attention = flash;
   config.flash_bf16 = bf16;
-  const double tolerance = bf16 ? 5e-2 : flash ? 1e-2 : bf16_gemm ? 2e-3 : 1e-5;
+  // bf16 GEMMs with the unfused attention: its products run in TF32 under the block's bf16 math,
+  // which the host does not emulate, and that flips bf16 roundings downstream (1e-2, as TF32).
+  const double tolerance = bf16 ? 5e-2 : bf16_gemm ? (flash ? 2e-3 : 1e-2) : flash ? 1e-2 : 1e-5;
   tensor::cuda::transformer_block dev(tp, config, "h0");
   std::uint64_t k = 40;
   for (const auto& p : dev.shape().parameters()) {
@@ -425,6 +427,7 @@ TEST_CASE("a transformer block on NCCL with bf16 GEMMs = the unsharded block emu
   }
   block(false, false, true, false, true);  // the norms and GELU write the GEMMs' inputs in bf16
   block(false, true, true, false, true);   // sequence parallelism: the GEMMs round them
+  block(true, false, false, false, true);  // the unfused attention (TF32 products), recomputed
 }
 
 TEST_CASE("tensor-parallel layers on NCCL under bf16 GEMMs: an input already in bf16 gives the float input's bits") {

@@ -340,7 +340,8 @@ struct linear {
 
   //! forward with x already in bf16, under gemm_math::bf16 only (a producer wrote its output
   //! rounded: nothing rounds x again); W alone is rounded. The same bits as forward on the
-  //! float x that rounds to this one.
+  //! float x that rounds to this one when x is 256-byte aligned, as the rounded copies are (a
+  //! buffer of its own is; cuBLASLt may choose another algorithm for a less aligned view).
   void forward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
     const std::size_t in = in_features, out = out_features;

@@ -102,7 +102,8 @@ class column_parallel_linear {
   bool overlap = true;
 
   //! x [batch, in] float; or bf16 under gemm_math::bf16, rounded by its producer (nothing
-  //! rounds it again: the same bits as the float x that rounds to it). backward's x alike.
+  //! rounds it again: the same bits as the float x that rounds to it, for a 256-byte aligned x
+  //! such as a buffer of its own; see nn::cuda::linear). backward's x alike.
   template <communicator Comm>
   void forward(const cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
