@@ -403,11 +403,7 @@ struct linear {
   };
   rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                                    device_span<const float> w, device_span<const float> dy) const {
-    TRIDENT_EXPECT(x.size() == batch * in_features && dy.size() == batch * out_features &&
-                       (w.empty() || w.size() == weight_size()),
-                   "cuda::linear::round_for_backward: x, w, dy have ", x.size(), ", ", w.size(), ", ", dy.size(),
-                   " elements, expected [", batch, ", ", in_features, "], [", out_features, ", ", in_features, "] or none, [",
-                   batch, ", ", out_features, "]");
+    check_rounding(batch, x.size(), w.size(), dy.size());
     const auto r = detail::round_all<3>(handle, stream, {{{x.data(), x.size()}, {w.data(), w.size()}, {dy.data(), dy.size()}}});
     return {r[0], r[1], r[2]};
   }
@@ -415,11 +411,7 @@ struct linear {
   //! copies hold x itself.
   rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
                                       device_span<const float> w, device_span<const float> dy) const {
-    TRIDENT_EXPECT(x.size() == batch * in_features && dy.size() == batch * out_features &&
-                       (w.empty() || w.size() == weight_size()),
-                   "cuda::linear::round_for_backward: x, w, dy have ", x.size(), ", ", w.size(), ", ", dy.size(),
-                   " elements, expected [", batch, ", ", in_features, "], [", out_features, ", ", in_features, "] or none, [",
-                   batch, ", ", out_features, "]");
+    check_rounding(batch, x.size(), w.size(), dy.size());
     TRIDENT_EXPECT(handle.math == gemm_math::bf16, "cuda::linear::round_for_backward: x in bf16 needs gemm_math::bf16; the "
                    "blas_ref is in ", name(handle.math));
     const auto r = detail::round_all<2>(handle, stream, {{{w.data(), w.size()}, {dy.data(), dy.size()}}});
@@ -453,6 +445,13 @@ struct linear {
     detail::bias_grad_kernel<><<<detail::param_grid(out_features), dim3(detail::param_tile, detail::param_rows), 0, stream>>>(
         dy, db, batch);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  void check_rounding(std::size_t batch, std::size_t x, std::size_t w, std::size_t dy) const {
+    TRIDENT_EXPECT(x == batch * in_features && dy == batch * out_features && (w == 0 || w == weight_size()),
+                   "cuda::linear::round_for_backward: x, w, dy have ", x, ", ", w, ", ", dy, " elements, expected [", batch, ", ",
+                   in_features, "], [", out_features, ", ", in_features, "] or none, [", batch, ", ", out_features, "]");
   }
 };
 
