@@ -138,19 +138,14 @@ struct add_to_quads {
   __device__ void one(std::size_t i) const { y[i] = __fadd_rn(y[i], x[i]); }
 };
 
-template <class Act>
-__global__ void activation_forward_kernel(device_span<const float> x, device_span<float> y) {
+// Out: float, or bf16 (the value rounded as bf16's constructor rounds).
+template <class Act, class Out = float>
+__global__ void activation_forward_kernel(device_span<const float> x, device_span<Out> y) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
        i += std::size_t{gridDim.x} * blockDim.x)
-    y[i] = Act::value(x[i]);
+    y[i] = Out(Act::value(x[i]));
 }
-template <class Act>
-__global__ void activation_forward_bf16_kernel(device_span<const float> x, device_span<bf16> y) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < x.size();
-       i += std::size_t{gridDim.x} * blockDim.x)
-    y[i] = bf16(Act::value(x[i]));
-}
-// Out: float, or bf16 (the value rounded as bf16's constructor rounds: 8-byte stores of four).
+// Out as activation_forward_kernel's (bf16: 8-byte stores of four).
 template <class Act, class Out = float>
 struct forward_quads {
   const float* x;
@@ -327,39 +322,15 @@ struct linear {
 
   void forward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
-    const std::size_t in = in_features, out = out_features;
-    nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
-    // With a bias, one cuBLASLt call adds it in the GEMM's epilogue (a raw handle: a second pass).
-    if (!b.empty() && gemm_bias(handle, stream, batch, out, in, x.data(), w.data(), b.data(), y.data())) return;
-    gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, y.data(), out);
-    if (!b.empty() && !y.empty()) {
-      detail::add_bias_kernel<><<<detail::grid_for(y.size()), detail::block_size, 0, stream>>>(y, b, out);
-      TRIDENT_CUDA_CHECK(cudaGetLastError());
-    }
+    forward_impl(handle, stream, batch, x, w, b, y);
   }
-
   //! forward with x already in bf16, under gemm_math::bf16 only (a producer wrote its output
   //! rounded: nothing rounds x again); W alone is rounded. The same bits as forward on the
   //! float x that rounds to this one when x is 256-byte aligned, as the rounded copies are (a
   //! buffer of its own is; cuBLASLt may choose another algorithm for a less aligned view).
   void forward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
                device_span<const float> w, device_span<const float> b, device_span<float> y) const {
-    const std::size_t in = in_features, out = out_features;
-    nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
-    TRIDENT_EXPECT(handle.math == gemm_math::bf16, "cuda::linear::forward: x in bf16 needs gemm_math::bf16; the blas_ref is in ",
-                   name(handle.math));
-    if (!b.empty() && gemm_bias(handle, stream, batch, out, in, x.data(), w.data(), b.data(), y.data())) return;
-    if (y.empty()) return;
-    if (in == 0) {  // an empty sum (cuBLAS on bf16 refuses k = 0): y = 0, then the bias
-      TRIDENT_CUDA_CHECK(cudaMemsetAsync(y.data(), 0, y.size() * sizeof(float), stream));
-    } else {
-      const bf16* w16 = detail::round_all<1>(handle, stream, {{{w.data(), w.size()}}})[0];
-      gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w16, in, 0.0f, y.data(), out);
-    }
-    if (!b.empty()) {
-      detail::add_bias_kernel<><<<detail::grid_for(y.size()), detail::block_size, 0, stream>>>(y, b, out);
-      TRIDENT_CUDA_CHECK(cudaGetLastError());
-    }
+    forward_impl(handle, stream, batch, x, w, b, y);
   }
 
   //! dx = dy W (overwritten; skipped when empty, and then W may be empty), dW += dy^T x,
@@ -368,29 +339,13 @@ struct linear {
   void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
-    const std::size_t in = in_features, out = out_features;
-    nn::detail::check_linear_backward("cuda::linear::backward", batch, in, out, x.size(), w.size(), dy.size(),
-                                      dx.size(), dw.size(), db.size());
-    if (handle.math == gemm_math::bf16) {
-      const auto r = round_for_backward(handle, stream, batch, x, dx.empty() ? device_span<const float>{} : w, dy);
-      if (!dx.empty()) input_gradient(handle, stream, batch, r, dx);
-      weight_gradient(handle, stream, batch, r, dw);
-    } else {
-      if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
-      gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
-    }
-    bias_gradient(stream, batch, dy, db);
+    backward_impl(handle, stream, batch, x, w, dy, dx, dw, db);
   }
   //! backward with x already in bf16 (as forward's overload): W and dy alone are rounded.
   void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
                 device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
                 device_span<float> db) const {
-    nn::detail::check_linear_backward("cuda::linear::backward", batch, in_features, out_features, x.size(), w.size(), dy.size(),
-                                      dx.size(), dw.size(), db.size());
-    const auto r = round_for_backward(handle, stream, batch, x, dx.empty() ? device_span<const float>{} : w, dy);
-    if (!dx.empty()) input_gradient(handle, stream, batch, r, dx);
-    weight_gradient(handle, stream, batch, r, dw);
-    bias_gradient(stream, batch, dy, db);
+    backward_impl(handle, stream, batch, x, w, dy, dx, dw, db);
   }
 
   //! backward's operands rounded to bf16 once, for gemm_math::bf16, into the handle's scratch:
@@ -448,6 +403,49 @@ struct linear {
   }
 
  private:
+  template <class X>
+  void forward_impl(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const X> x, device_span<const float> w,
+                    device_span<const float> b, device_span<float> y) const {
+    constexpr bool x_bf16 = std::is_same_v<X, bf16>;
+    const std::size_t in = in_features, out = out_features;
+    nn::detail::check_linear_forward("cuda::linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
+    TRIDENT_EXPECT(!x_bf16 || handle.math == gemm_math::bf16, "cuda::linear::forward: x in bf16 needs gemm_math::bf16; the "
+                   "blas_ref is in ", name(handle.math));
+    // With a bias, one cuBLASLt call adds it in the GEMM's epilogue (a raw handle: a second pass).
+    if (!b.empty() && gemm_bias(handle, stream, batch, out, in, x.data(), w.data(), b.data(), y.data())) return;
+    if (y.empty()) return;
+    if constexpr (!x_bf16) {
+      gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, y.data(), out);
+    } else if (in == 0) {  // an empty sum (cuBLAS on bf16 refuses k = 0; gemm on floats does this): y = 0
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(y.data(), 0, y.size() * sizeof(float), stream));
+    } else {
+      const bf16* w16 = detail::round_all<1>(handle, stream, {{{w.data(), w.size()}}})[0];
+      gemm(handle, stream, op::n, op::t, batch, out, in, 1.0f, x.data(), in, w16, in, 0.0f, y.data(), out);
+    }
+    if (!b.empty()) {
+      detail::add_bias_kernel<><<<detail::grid_for(y.size()), detail::block_size, 0, stream>>>(y, b, out);
+      TRIDENT_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  template <class X>
+  void backward_impl(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const X> x, device_span<const float> w,
+                     device_span<const float> dy, device_span<float> dx, device_span<float> dw, device_span<float> db) const {
+    const std::size_t in = in_features, out = out_features;
+    nn::detail::check_linear_backward("cuda::linear::backward", batch, in, out, x.size(), w.size(), dy.size(), dx.size(), dw.size(),
+                                      db.size());
+    if constexpr (std::is_same_v<X, float>) {
+      if (handle.math != gemm_math::bf16) {
+        if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
+        gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
+        bias_gradient(stream, batch, dy, db);
+        return;
+      }
+    }
+    const auto r = round_for_backward(handle, stream, batch, x, dx.empty() ? device_span<const float>{} : w, dy);
+    if (!dx.empty()) input_gradient(handle, stream, batch, r, dx);
+    weight_gradient(handle, stream, batch, r, dw);
+    bias_gradient(stream, batch, dy, db);
+  }
   void check_rounding(std::size_t batch, std::size_t x, std::size_t w, std::size_t dy) const {
     TRIDENT_EXPECT(x == batch * in_features && dy == batch * out_features && (w == 0 || w == weight_size()),
                    "cuda::linear::round_for_backward: x, w, dy have ", x, ", ", w, ", ", dy, " elements, expected [", batch, ", ",
@@ -478,7 +476,7 @@ void activation_forward(device_span<const float> x, device_span<bf16> y, cudaStr
     detail::quads_kernel<<<detail::grid_for((x.size() + 3) / 4), detail::block_size, 0, stream>>>(
         x.size(), detail::forward_quads<Act, bf16>{x.data(), y.data()});
   else
-    detail::activation_forward_bf16_kernel<Act><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
+    detail::activation_forward_kernel<Act, bf16><<<detail::grid_for(x.size()), detail::block_size, 0, stream>>>(x, y);
   TRIDENT_CUDA_CHECK(cudaGetLastError());
 }
 

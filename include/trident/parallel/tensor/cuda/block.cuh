@@ -70,8 +70,8 @@ struct block_activations : tensor::basic_block_activations<cuda_space> {
 
 //! backward's scratch (mem_category::other): the gradients between its layers, attention's
 //! dS, the recomputed probabilities under selective recomputation, sequence parallelism's
-//! gathered and partial rows, and the norms' parameter sums per chunk of rows. Blocks that run backward one at a time share one
-//! (share_backward_workspace).
+//! gathered and partial rows, and the norms' parameter sums per chunk of rows. Blocks that run
+//! backward one at a time share one (share_backward_workspace).
 struct block_workspace {
   buffer<float, cuda_space> d_gelu, d_fc1, d_attn, d_qkv;  // this rank's features
   buffer<float, cuda_space> d_ln2, d_ln1, d_mid;           // [rows this rank holds, hidden]
