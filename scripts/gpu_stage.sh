@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # scripts/gpu_stage.sh — stages what a build-only gpu_check left in build/gpu (the GPU binaries
-# and ctest's files, a few MiB) into .gpu-stage/, so that the GPU machine runs them instead of
+# and ctest's files, tens of MiB) into .gpu-stage/, so that the GPU machine runs them instead of
 # compiling for minutes of its time. Build here first, for the GPU's architecture:
 #
 #   TRIDENT_GPU_CHECK_BUILD_ONLY=1 bash scripts/gpu_check.sh   # sm_90 unless CMAKE_CUDA_ARCHITECTURES says
 #   bash scripts/gpu_stage.sh                                  # -> .gpu-stage (git-ignored)
 #
-# On the GPU machine (the device tool: carry .gpu-stage), from the repository's root; ctest's
+# The device tool carries at most 64 MiB, which the binaries outgrew (67 MiB on 2026-11-29), so
+# the stage also goes as one gzip'd tarball, .gpu-stage.tgz (about a third of that; git-ignored).
+# On the GPU machine (the device tool: carry .gpu-stage.tgz), from the repository's root; ctest's
 # files name this machine's absolute paths, which the links recreate there:
 #
+#   tar xzf .gpu-stage.tgz
 #   here=/work/main; [[ $PWD == "$here" ]] || { mkdir -p "$(dirname $here)"; ln -sfn "$PWD" "$here"; }
 #   [[ -e /usr/bin/mpiexec ]] || ln -s "$(command -v mpiexec)" /usr/bin/mpiexec    # as ctest's files say
 #   export LD_LIBRARY_PATH=$PWD/.gpu-stage/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -26,6 +29,7 @@ stage=$root/.gpu-stage
 rm -rf "$stage"
 mkdir -p "$stage"
 grep -qx '/.gpu-stage/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-stage/' >>"$root/.git/info/exclude"
+grep -qx '/.gpu-stage.tgz' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu-stage.tgz' >>"$root/.git/info/exclude"
 (cd "$build" && find . -name CTestTestfile.cmake -print0 | xargs -0 cp --parents -t "$stage")
 (cd "$build" && find tests bench examples -maxdepth 2 -type f -executable ! -name '*.so' ! -path '*/CMakeFiles/*' -print0 |
   xargs -0 cp --parents -t "$stage")
@@ -41,4 +45,5 @@ for lib in liburing.so.2 libbenchmark.so.1debian libmpi_cxx.so.40; do
   path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
   [[ -n $path ]] && cp -L "$path" "$stage/lib/"
 done
-du -sh "$stage"
+tar -C "$root" -czf "$root/.gpu-stage.tgz" .gpu-stage
+du -sh "$stage" "$root/.gpu-stage.tgz"

@@ -396,8 +396,10 @@ class gpt_cuda_rank {
     loss_ = device_buffer<float>(1, mem_category::other);
     loss_sum_ = device_buffer<double>(1, mem_category::other);
     // the final norm's backward sums its parameter gradients in chunks of rows through this
-    if (owns(chunks_ - 1))
+    if (owns(chunks_ - 1)) {
       lnf_scratch_ = device_buffer<double>(trident::nn::cuda::layer_norm{h}.backward_scratch_size(n_), mem_category::other);
+      if (c_.bf16_gemm) logits_ = device_buffer<float>(n_ * ce_.shape().vocab_range().size(), mem_category::activations);
+    }
     trident::fill_zero(loss_sum_);
     TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -598,8 +600,13 @@ class gpt_cuda_rank {
 
   // What forward keeps for backward, per micro-batch; recycled through a pool so that a warm
   // step allocates no activations.
+  // Under gpt_config::bf16_gemm the loss's gradient is kept in bf16 (dlogits16: what the head's
+  // bf16 GEMMs read, written so by the cross-entropy's backward), and the float logits live in
+  // one scratch (logits_) only while forward needs them: half the bytes per micro-batch in flight,
+  // and no float gradient to read back and round. Else the gradient replaces the float logits.
   struct final_saved {
     device_buffer<float> x, out, mean, rstd, logits;
+    device_buffer<trident::bf16> dlogits16;
   };
   struct saved_set {
     std::vector<trident::tensor::cuda::block_activations> blocks;
@@ -631,7 +638,8 @@ class gpt_cuda_rank {
     if (ch.final_layer >= 0) {
       auto kept = [](std::size_t count) { return device_buffer<float>(count, trident::mem_category::activations); };
       const std::size_t h = c_.hidden, local_vocab = ce_.shape().vocab_range().size();
-      s.final = final_saved{kept(n_ * h), kept(n_ * h), kept(n_), kept(n_), kept(n_ * local_vocab)};
+      s.final = final_saved{kept(n_ * h), kept(n_ * h), kept(n_), kept(n_), kept(c_.bf16_gemm ? 0 : n_ * local_vocab),
+                            device_buffer<trident::bf16>(c_.bf16_gemm ? n_ * local_vocab : 0, trident::mem_category::activations)};
     }
     return s;
   }
@@ -777,11 +785,14 @@ class gpt_cuda_rank {
     const auto w = head_weight();
     wait_for_optimizer();
     ln.forward(ctx_.stream(), n_, y, lnw, lnb, f.out.device_handle(), f.mean.device_handle(), f.rstd.device_handle());
-    head_.forward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, {}, f.logits.device_handle());
-    ce_.forward(ctx_, *tp_, n_, f.logits.device_handle(), targets_of(mb), loss_.device_handle());
+    const device_span<float> logits = c_.bf16_gemm ? logits_.device_handle() : f.logits.device_handle();
+    head_.forward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, {}, logits);
+    ce_.forward(ctx_, *tp_, n_, logits, targets_of(mb), loss_.device_handle());
     detail::accumulate_kernel<><<<1, 1, 0, ctx_.stream()>>>(loss_sum_.device_handle(), loss_.device_handle());
     TRIDENT_CUDA_CHECK(cudaGetLastError());
-    ce_.backward(ctx_, n_, f.logits.device_handle(), targets_of(mb), f.logits.device_handle(), 1.0f / static_cast<float>(m_));
+    const float dloss = 1.0f / static_cast<float>(m_);
+    if (c_.bf16_gemm) ce_.backward(ctx_, n_, logits, targets_of(mb), f.dlogits16.device_handle(), dloss);
+    else ce_.backward(ctx_, n_, logits, targets_of(mb), logits, dloss);
     hand_to_optimizer();
     z_->release(ch.final_layer);
     if (chunks_ == 1) z_->release(ch.emb_layer);
@@ -827,7 +838,12 @@ class gpt_cuda_rank {
     auto& ga = reset(lnf_g_);
     const auto glnw = grad(lnf_w_, ga), glnb = grad(lnf_b_, ga);
     wait_for_optimizer();
-    head_.backward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, f.logits.device_handle(), d_out_.device_handle(), gw, {});
+    if (c_.bf16_gemm) {
+      head_.backward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, device_span<const trident::bf16>(f.dlogits16.device_handle()),
+                     d_out_.device_handle(), gw, {});
+    } else {
+      head_.backward(ctx_, blas_, *tp_, n_, f.out.device_handle(), w, f.logits.device_handle(), d_out_.device_handle(), gw, {});
+    }
     ln.backward(ctx_.stream(), n_, f.x.device_handle(), lnw, f.mean.device_handle(), f.rstd.device_handle(), d_out_.device_handle(),
                 x_.device_handle(), glnw, glnb, lnf_scratch_.device_handle());
     commit();  // the head's gradient (one chunk) and the final norm's
@@ -909,6 +925,7 @@ class gpt_cuda_rank {
   view_arena weights_, grads_, emb_w_, emb_g_, head_w_, head_g_, lnf_w_scratch_, lnf_g_;
   std::vector<std::pair<device_span<half_type>, device_span<float>>> pending_;
   device_buffer<float> x_, y_, d_out_, loss_;
+  device_buffer<float> logits_;  // under gpt_config::bf16_gemm, on the rank of the last stage (final_saved)
   device_buffer<std::int32_t> tokens_, targets_;
   device_buffer<double> loss_sum_, lnf_scratch_;
   trident::checkpoint::pending_save pending_save_;  // the last asynchronous save (ends before z_ goes)

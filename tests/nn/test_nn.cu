@@ -376,6 +376,43 @@ TEST_CASE("cuda::gemm in bf16 math: both operands rounded to bf16 as core/half.h
     CHECK(same_bits(gelu32, trident::to_vector(g16_odd), 1, count - 1) == 0);
   }
 
+  // dy already in bf16 (the cross-entropy's backward writes the head's so): dx and dW the bits of
+  // the float dy that rounds to it, with x in float and in bf16; no bias gradient, only
+  // gemm_math::bf16.
+  {
+    buffer<trident::bf16, cuda_space> dy16(dy.size()), x16(x.size());
+    nn::cuda::round_to_bf16(d_dy.data(), dy16.data(), dy.size(), nullptr);
+    nn::cuda::round_to_bf16(d_x.data(), x16.data(), x.size(), nullptr);
+    const trident::device_span<const trident::bf16> cdy16 = dy16.device_handle(), cx16 = x16.device_handle();
+    buffer<float, cuda_space> dx16(batch * in), dx32(batch * in);
+    for (const bool x_in_bf16 : {false, true}) {
+      auto d_dw16 = to_device(std::vector<float>(out * in, 0.0f)), d_dw32 = to_device(std::vector<float>(out * in, 0.0f));
+      if (x_in_bf16) {
+        fc.backward(blas, nullptr, batch, cx16, d_w.device_handle(), cdy16, dx16.device_handle(), d_dw16.device_handle(), {});
+      } else {
+        fc.backward(blas, nullptr, batch, d_x.device_handle(), d_w.device_handle(), cdy16, dx16.device_handle(),
+                    d_dw16.device_handle(), {});
+      }
+      fc.backward(blas, nullptr, batch, d_x.device_handle(), d_w.device_handle(), d_dy.device_handle(), dx32.device_handle(),
+                  d_dw32.device_handle(), {});
+      TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+      INFO("backward on bf16 dy, x in ", std::string(x_in_bf16 ? "bf16" : "float"));
+      CHECK(trident::to_vector(dx16) == trident::to_vector(dx32));
+      CHECK(trident::to_vector(d_dw16) == trident::to_vector(d_dw32));
+    }
+    // Through the split parts too (what the tensor-parallel column layer runs): the copies hold dy itself.
+    const auto r = fc.round_for_backward(blas, nullptr, batch, d_x.device_handle(), d_w.device_handle(), cdy16);
+    CHECK(r.dy == dy16.data());
+    CHECK_THROWS_WITH_AS(fc.backward(blas, nullptr, batch, d_x.device_handle(), d_w.device_handle(), cdy16, dx16.device_handle(),
+                                     d_dw.device_handle(), d_db.device_handle()),
+                         doctest::Contains("dy in bf16 takes no bias gradient"), trident::usage_error);
+    nn::cublas_handle tf32;
+    tf32.set_math(nn::gemm_math::tf32);
+    CHECK_THROWS_WITH_AS(fc.backward(tf32, nullptr, batch, d_x.device_handle(), d_w.device_handle(), cdy16, dx16.device_handle(),
+                                     d_dw.device_handle(), {}),
+                         doctest::Contains("dy in bf16 needs gemm_math::bf16"), trident::usage_error);
+  }
+
   // Empty shapes as the float path takes them: no output features (dx = 0, an empty sum), no rows.
   {
     const nn::cuda::linear none{.in_features = 8, .out_features = 0};

@@ -166,6 +166,32 @@ void bf16_inputs() {
     const auto dw1 = on_host(got.dw1);  // and not zeros by accident
     CHECK(std::any_of(dw1.begin(), dw1.end(), [](float v) { return v != 0.0f; }));
   }
+  // The column layer's output gradient already in bf16 (as the cross-entropy's backward writes
+  // the output head's), without a bias gradient: the bits of the float gradient rounding to it.
+  trident::buffer<trident::bf16, trident::cuda_space> dh16(dh.size());
+  trident::nn::cuda::round_to_bf16(d_dh.data(), dh16.data(), dh.size(), ctx.stream());
+  const trident::device_span<const trident::bf16> cdh16 = dh16.device_handle();
+  for (const bool overlap : {true, false}) {
+    fc1.overlap = overlap;
+    auto dx16 = zeros(batch * hidden), dx32 = zeros(batch * hidden), dw16 = zeros(d_w1.size()), dw32 = zeros(d_w1.size());
+    TRIDENT_CUDA_CHECK(cudaDeviceSynchronize());
+    fc1.backward(ctx, blas, tp, batch, d_x.device_handle(), d_w1.device_handle(), cdh16, dx16.device_handle(), dw16.device_handle(),
+                 {});
+    fc1.backward(ctx, blas, tp, batch, d_x.device_handle(), d_w1.device_handle(), d_dh.device_handle(), dx32.device_handle(),
+                 dw32.device_handle(), {});
+    ctx.synchronize();
+    INFO("bf16 output gradient on NCCL rank ", r, " of ", tp.size(), overlap ? ", overlap" : "");
+    CHECK(on_host(dx16) == on_host(dx32));
+    CHECK(on_host(dw16) == on_host(dw32));
+    const auto dw = on_host(dw16);
+    CHECK(std::any_of(dw.begin(), dw.end(), [](float v) { return v != 0.0f; }));
+  }
+  {
+    auto dx = zeros(batch * hidden), dw = zeros(d_w1.size()), db = zeros(d_b1.size());
+    CHECK_THROWS_WITH_AS(fc1.backward(ctx, blas, tp, batch, d_x.device_handle(), d_w1.device_handle(), cdh16, dx.device_handle(),
+                                      dw.device_handle(), db.device_handle()),
+                         doctest::Contains("fc1.backward: dy in bf16 takes no bias gradient"), trident::usage_error);
+  }
   trident::nn::cublas_handle tf32;
   tf32.set_math(trident::nn::gemm_math::tf32);
   auto h = zeros(batch * local);
@@ -223,6 +249,21 @@ void vocab() {
   INFO("loss ", got_loss, " vs ", loss);
   CHECK(std::abs(got_loss - loss) <= 1e-6 * std::abs(loss));
   CHECK(tensor_suite::relative_error(on_host(d_dmine), tensor_suite::part_of(columns, r, dlogits)) <= 1e-6);
+  // The gradient in bf16 (for an output head on bf16 GEMMs): each value the float one rounded,
+  // bit for bit, from the same forward's statistics; never over the logits it reads.
+  {
+    trident::buffer<trident::bf16, trident::cuda_space> d16(mine.size());
+    ce.backward(ctx, n, d_mine.device_handle(), d_targets.device_handle(), d16.device_handle(), 0.5f);
+    ctx.synchronize();
+    const auto want = on_host(d_dmine);
+    const auto got16 = trident::to_vector(d16);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) wrong += got16[i].bits() != trident::bf16(want[i]).bits();
+    CHECK(wrong == 0);
+    const trident::device_span<trident::bf16> over(reinterpret_cast<trident::bf16*>(d_mine.data()), mine.size());
+    CHECK_THROWS_WITH_AS(ce.backward(ctx, n, d_mine.device_handle(), d_targets.device_handle(), over, 0.5f),
+                         doctest::Contains("bf16 dlogits must not overlap the logits"), trident::usage_error);
+  }
 
   // A wider vocabulary (each thread of a row's block takes several columns, so its running max
   // moves and its sum is rescaled), with -inf logits: a row's first half (a whole rank's columns

@@ -6,7 +6,8 @@
 //     void forward(blas_ref, cudaStream_t, batch, x, W, b, y) const        y = x W^T + b
 //         (x float; or bf16 under gemm_math::bf16, rounded by its producer: backward's x alike)
 //     void backward(blas_ref, cudaStream_t, batch, x, W, dy, dx, dW, db) const
-//                                                   dx = dy W (empty: skipped), dW += dy^T x, db += sum dy }
+//                                                   dx = dy W (empty: skipped), dW += dy^T x, db += sum dy
+//         (dy float; or bf16 under gemm_math::bf16, rounded by its producer, with no db) }
 //   void activation_forward<Act>(x, y, stream)       Act = nn::relu or nn::gelu; y float, or bf16 (rounded)
 //   void activation_backward<Act>(x, dy, dx, stream)
 //   void add_to(x, y, stream)                        y += x element-wise (residual connections)
@@ -347,6 +348,21 @@ struct linear {
                 device_span<float> db) const {
     backward_impl(handle, stream, batch, x, w, dy, dx, dw, db);
   }
+  //! backward with dy already in bf16, under gemm_math::bf16 only: its producer wrote it rounded
+  //! (as the vocabulary-parallel cross-entropy's backward does for the output head), so nothing
+  //! reads or rounds a float dy. The same bits as backward on the float dy that rounds to this
+  //! one, for a 256-byte aligned dy (a buffer of its own is). No bias gradient (db empty): its
+  //! column sums are taken over the float dy. x float or bf16, as in the other overloads.
+  void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+                device_span<const float> w, device_span<const bf16> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    backward_impl(handle, stream, batch, x, w, dy, dx, dw, db);
+  }
+  void backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
+                device_span<const float> w, device_span<const bf16> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    backward_impl(handle, stream, batch, x, w, dy, dx, dw, db);
+  }
 
   //! backward's operands rounded to bf16 once, for gemm_math::bf16, into the handle's scratch:
   //! valid for GEMMs queued on the same stream until the next rounding through the same handle
@@ -357,20 +373,24 @@ struct linear {
     const bf16* dy = nullptr;
   };
   rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
-                                   device_span<const float> w, device_span<const float> dy) const {
-    check_rounding(batch, x.size(), w.size(), dy.size());
-    const auto r = detail::round_all<3>(handle, stream, {{{x.data(), x.size()}, {w.data(), w.size()}, {dy.data(), dy.size()}}});
-    return {r[0], r[1], r[2]};
+                                      device_span<const float> w, device_span<const float> dy) const {
+    return round_impl(handle, stream, batch, x, w, dy);
   }
   //! The same with x already in bf16 (gemm_math::bf16 only): W and dy alone are rounded, and the
   //! copies hold x itself.
   rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
                                       device_span<const float> w, device_span<const float> dy) const {
-    check_rounding(batch, x.size(), w.size(), dy.size());
-    TRIDENT_EXPECT(handle.math == gemm_math::bf16, "cuda::linear::round_for_backward: x in bf16 needs gemm_math::bf16; the "
-                   "blas_ref is in ", name(handle.math));
-    const auto r = detail::round_all<2>(handle, stream, {{{w.data(), w.size()}, {dy.data(), dy.size()}}});
-    return {x.empty() ? nullptr : x.data(), r[0], r[1]};
+    return round_impl(handle, stream, batch, x, w, dy);
+  }
+  //! The same with dy already in bf16 (gemm_math::bf16 only; see backward): the copies hold dy
+  //! itself, and x too when it is in bf16.
+  rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const float> x,
+                                      device_span<const float> w, device_span<const bf16> dy) const {
+    return round_impl(handle, stream, batch, x, w, dy);
+  }
+  rounded_operands round_for_backward(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const bf16> x,
+                                      device_span<const float> w, device_span<const bf16> dy) const {
+    return round_impl(handle, stream, batch, x, w, dy);
   }
   //! dx = dy W (overwritten) from round_for_backward's copies (which must hold W).
   void input_gradient(blas_ref handle, cudaStream_t stream, std::size_t batch, const rounded_operands& r, device_span<float> dx) const {
@@ -427,13 +447,17 @@ struct linear {
       TRIDENT_CUDA_CHECK(cudaGetLastError());
     }
   }
-  template <class X>
+  template <class X, class Dy>
   void backward_impl(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const X> x, device_span<const float> w,
-                     device_span<const float> dy, device_span<float> dx, device_span<float> dw, device_span<float> db) const {
+                     device_span<const Dy> dy, device_span<float> dx, device_span<float> dw, device_span<float> db) const {
     const std::size_t in = in_features, out = out_features;
     nn::detail::check_linear_backward("cuda::linear::backward", batch, in, out, x.size(), w.size(), dy.size(), dx.size(), dw.size(),
                                       db.size());
-    if constexpr (std::is_same_v<X, float>) {
+    if constexpr (std::is_same_v<Dy, bf16>) {
+      TRIDENT_EXPECT(db.empty(), "cuda::linear::backward: dy in bf16 takes no bias gradient (db has ", db.size(),
+                     " elements, expected none): the bias's column sums are taken over the float dy");
+    }
+    if constexpr (std::is_same_v<X, float> && std::is_same_v<Dy, float>) {
       if (handle.math != gemm_math::bf16) {
         if (!dx.empty()) gemm(handle, stream, op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
         gemm(handle, stream, op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
@@ -444,7 +468,29 @@ struct linear {
     const auto r = round_for_backward(handle, stream, batch, x, dx.empty() ? device_span<const float>{} : w, dy);
     if (!dx.empty()) input_gradient(handle, stream, batch, r, dx);
     weight_gradient(handle, stream, batch, r, dw);
-    bias_gradient(stream, batch, dy, db);
+    if constexpr (std::is_same_v<Dy, float>) bias_gradient(stream, batch, dy, db);
+  }
+  // round_for_backward: the float operands among x, W and dy rounded into the handle's scratch
+  // (in one reservation), the bf16 ones (a producer rounded them) used as they are.
+  template <class X, class Dy>
+  rounded_operands round_impl(blas_ref handle, cudaStream_t stream, std::size_t batch, device_span<const X> x,
+                              device_span<const float> w, device_span<const Dy> dy) const {
+    check_rounding(batch, x.size(), w.size(), dy.size());
+    constexpr bool x16 = std::is_same_v<X, bf16>, dy16 = std::is_same_v<Dy, bf16>;
+    if constexpr (x16 || dy16) {
+      TRIDENT_EXPECT(handle.math == gemm_math::bf16, "cuda::linear::round_for_backward: ", x16 ? "x" : "dy",
+                     " in bf16 needs gemm_math::bf16; the blas_ref is in ", name(handle.math));
+    }
+    const auto operand = [](auto span) -> std::pair<const float*, std::size_t> {
+      if constexpr (std::is_same_v<decltype(span), device_span<const float>>) return {span.data(), span.size()};
+      else return {nullptr, 0};  // in bf16 already: nothing to round
+    };
+    const auto r = detail::round_all<3>(handle, stream, {{operand(x), {w.data(), w.size()}, operand(dy)}});
+    const auto kept = [](auto span, const bf16* rounded) -> const bf16* {
+      if constexpr (std::is_same_v<decltype(span), device_span<const bf16>>) return span.empty() ? nullptr : span.data();
+      else return rounded;
+    };
+    return {kept(x, r[0]), r[1], kept(dy, r[2])};
   }
   void check_rounding(std::size_t batch, std::size_t x, std::size_t w, std::size_t dy) const {
     TRIDENT_EXPECT(x == batch * in_features && dy == batch * out_features && (w == 0 || w == weight_size()),

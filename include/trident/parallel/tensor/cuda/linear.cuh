@@ -66,28 +66,32 @@ class column_parallel_linear {
   // both GEMMs: the copies in the handle's scratch stay valid, as nothing else runs a GEMM
   // through the handle in between (the collective only reads dx). Defined before its callers,
   // which use its deduced return type.
-  // x may be in bf16 already (gemm_math::bf16 only: then it is not rounded again).
-  template <class X>
+  // x and dy may be in bf16 already (gemm_math::bf16 only: then they are not rounded again; a
+  // bf16 dy takes no bias gradient).
+  template <class X, class Dy>
   static auto input_gradient(const cuda_context& ctx, nn::blas_ref blas, const nn::cuda::linear& layer, std::size_t batch,
-                             device_span<const X> x, device_span<const float> w, device_span<const float> dy,
+                             device_span<const X> x, device_span<const float> w, device_span<const Dy> dy,
                              device_span<float> dx, device_span<float> dw, device_span<float> db) {
     const cudaStream_t stream = ctx.stream();
     const std::size_t in = layer.in_features, out = layer.out_features;
     nn::cuda::linear::rounded_operands r;
-    const bool bf16 = blas.math == nn::gemm_math::bf16 || std::is_same_v<X, trident::bf16>;
+    constexpr bool rounded_input = std::is_same_v<X, trident::bf16> || std::is_same_v<Dy, trident::bf16>;
+    const bool bf16 = blas.math == nn::gemm_math::bf16 || rounded_input;
     if (bf16) {
       r = layer.round_for_backward(blas, stream, batch, x, w, dy);
       layer.input_gradient(blas, stream, batch, r, dx);
-    } else {
+    } else if constexpr (!rounded_input) {
       nn::cuda::gemm(blas, stream, nn::op::n, nn::op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
     }
     return [=] {
-      if (!bf16) {
-        layer.backward(blas, stream, batch, x, {}, dy, {}, dw, db);
-        return;
+      if constexpr (!rounded_input) {
+        if (!bf16) {
+          layer.backward(blas, stream, batch, x, {}, dy, {}, dw, db);
+          return;
+        }
       }
       layer.weight_gradient(blas, stream, batch, r, dw);
-      layer.bias_gradient(stream, batch, dy, db);
+      if constexpr (std::is_same_v<Dy, float>) layer.bias_gradient(stream, batch, dy, db);
     };
   }
 
@@ -127,6 +131,16 @@ class column_parallel_linear {
                 device_span<float> db) const {
     backward_impl(ctx, blas, tp, batch, x, w, dy, dx, dw, db);
   }
+  //! dy in bf16, under gemm_math::bf16 only, rounded by its producer (as the vocabulary-parallel
+  //! cross-entropy's backward writes the output head's): nothing reads or rounds a float dy; the
+  //! same bits as the float dy that rounds to it, for a 256-byte aligned dy. No bias gradient (db
+  //! empty), as nn::cuda::linear's.
+  template <communicator Comm>
+  void backward(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const float> x,
+                device_span<const float> w, device_span<const trident::bf16> dy, device_span<float> dx, device_span<float> dw,
+                device_span<float> db) const {
+    backward_impl(ctx, blas, tp, batch, x, w, dy, dx, dw, db);
+  }
 
  private:
   template <communicator Comm, class X>
@@ -138,15 +152,21 @@ class column_parallel_linear {
                                      x.size(), w.size(), b.size(), y.size());
     nn::cuda::linear{local().in_features, local().out_features}.forward(blas, ctx.stream(), batch, x, w, b, y);  // f: identity
   }
-  template <communicator Comm, class X>
+  template <communicator Comm, class X, class Dy>
   void backward_impl(cuda_context& ctx, nn::blas_ref blas, Comm& tp, std::size_t batch, device_span<const X> x,
-                     device_span<const float> w, device_span<const float> dy, device_span<float> dx, device_span<float> dw,
+                     device_span<const float> w, device_span<const Dy> dy, device_span<float> dx, device_span<float> dw,
                      device_span<float> db) const {
     detail::require_device_comm<Comm>();
     tensor::detail::check_group(name(), "backward", tp, tp_size());
     const std::size_t in = local().in_features, out = local().out_features;
     nn::detail::check_linear_backward((name() + ".backward").c_str(), batch, in, out, x.size(), w.size(), dy.size(),
                                       dx.size(), dw.size(), db.size());
+    if constexpr (std::is_same_v<Dy, trident::bf16>) {
+      TRIDENT_EXPECT(db.empty(), name(), ".backward: dy in bf16 takes no bias gradient (db has ", db.size(),
+                     " elements, expected none): the bias's column sums are taken over the float dy");
+      TRIDENT_EXPECT(blas.math == nn::gemm_math::bf16, name(), ".backward: dy in bf16 needs gemm_math::bf16; the blas_ref is in ",
+                     nn::name(blas.math));
+    }
     const nn::cuda::linear layer{in, out};
     if (dx.empty()) {
       layer.backward(blas, ctx.stream(), batch, x, {}, dy, {}, dw, db);

@@ -11,7 +11,7 @@
 //   wte.backward(ctx, tp, tokens, dx, dtable_part);         // this rank's rows, accumulated
 //   trident::tensor::cuda::vocab_parallel_cross_entropy ce(tp, vocab, "lm_head");
 //   ce.forward(ctx, tp, n, logits_part, targets, loss);     // loss: one float in device memory
-//   ce.backward(ctx, n, logits_part, targets, dlogits_part);
+//   ce.backward(ctx, n, logits_part, targets, dlogits_part);  // float (may be logits_part) or bf16
 //
 // Tokens and targets live in device memory, so the host cannot check their values without
 // waiting for the device: a token or target outside [0, vocab) makes its row NaN on every rank
@@ -38,10 +38,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "trident/comm/communicator.hpp"
 #include "trident/core/buffer.hpp"
+#include "trident/core/half.hpp"
 #include "trident/exec/cuda/stream.hpp"
 #include "trident/nn/cuda/layers.cuh"
 #include "trident/parallel/tensor/cuda/linear.cuh"
@@ -194,20 +196,22 @@ __global__ void mean_loss_kernel(device_span<const float> max, device_span<const
 
 // dlogits = scale (softmax - onehot(target)) on this rank's columns (one block per row); the
 // softmax as exp(logit - lse), lse = max + log(sum) once per row: no division per element.
-template <class = void>  // a template so that several translation units may include this header
+// Out: float, or bf16 (the float value rounded as bf16's constructor rounds: what a GEMM on bf16
+// operands would round it to).
+template <class Out = float>
 __global__ void vocab_ce_backward_kernel(device_span<const float> logits, device_span<const std::int32_t> targets,
                                          std::size_t local, device_span<const float> max, device_span<const double> sums,
-                                         device_span<float> dlogits, double scale, std::size_t begin, std::size_t vocab) {
+                                         device_span<Out> dlogits, double scale, std::size_t begin, std::size_t vocab) {
   const std::size_t i = blockIdx.x;
   const float* row = logits.data() + i * local;
-  float* grad = dlogits.data() + i * local;
+  Out* grad = dlogits.data() + i * local;
   const std::int32_t t = targets[i];
   const bool valid = t >= 0 && static_cast<std::size_t>(t) < vocab;
   const double lse = static_cast<double>(max[i]) + log(sums[i]);
   for (std::size_t c = threadIdx.x; c < local; c += k::block_size) {
     const double p = exp(static_cast<double>(row[c]) - lse);
     const double onehot = valid && begin + c == static_cast<std::size_t>(t) ? 1.0 : 0.0;
-    grad[c] = valid ? static_cast<float>(scale * (p - onehot)) : NAN;
+    grad[c] = Out(valid ? static_cast<float>(scale * (p - onehot)) : NAN);
   }
 }
 
@@ -376,23 +380,44 @@ class vocab_parallel_cross_entropy {
   }
 
   //! dlogits [n, vocab / t] = dloss / n (softmax - onehot(target)) on this rank's columns
-  //! (overwritten), from the statistics of the last forward() over the same n rows.
+  //! (overwritten; may alias logits), from the statistics of the last forward() over the same n
+  //! rows.
   void backward(const cuda_context& ctx, std::size_t n, device_span<const float> logits, device_span<const std::int32_t> targets,
                 device_span<float> dlogits, float dloss = 1.0f) const {
+    backward_impl(ctx, n, logits, targets, dlogits, dloss);
+  }
+  //! The same written in bf16, each value the float one rounded: for an output head whose GEMMs
+  //! run on bf16 operands (gemm_math::bf16), which would round it so (column_parallel_linear's
+  //! backward takes it as it is). Half the bytes written, and no float copy to round afterwards.
+  //! dlogits must not overlap logits.
+  void backward(const cuda_context& ctx, std::size_t n, device_span<const float> logits, device_span<const std::int32_t> targets,
+                device_span<trident::bf16> dlogits, float dloss = 1.0f) const {
+    backward_impl(ctx, n, logits, targets, dlogits, dloss);
+  }
+
+ private:
+  template <class Out>
+  void backward_impl(const cuda_context& ctx, std::size_t n, device_span<const float> logits,
+                     device_span<const std::int32_t> targets, device_span<Out> dlogits, float dloss) const {
     const std::string who = shape_.name() + ".backward";
     check(who, n, logits.size(), targets.size());
     TRIDENT_EXPECT(dlogits.size() == logits.size(), who, ": dlogits have ", dlogits.size(), " elements, expected [", n, ", ",
                    shape_.vocab_range().size(), "] = ", logits.size());
     TRIDENT_EXPECT(max_.size() == n, who, ": expected a forward() over the same ", n,
                    " rows first (it keeps each row's statistics); the last one had ", max_.size());
+    if constexpr (!std::is_same_v<Out, float>) {  // rows are written in any order: an overlap would be read after it is written
+      const auto* in = reinterpret_cast<const char*>(logits.data());
+      const auto* out = reinterpret_cast<const char*>(dlogits.data());
+      TRIDENT_EXPECT(out + dlogits.size() * sizeof(Out) <= in || in + logits.size() * sizeof(float) <= out, who,
+                     ": bf16 dlogits must not overlap the logits");
+    }
     const double scale = static_cast<double>(dloss) / static_cast<double>(n);
-    detail::vocab_ce_backward_kernel<><<<detail::rows_grid(who, n), nn::cuda::detail::block_size, 0, ctx.stream()>>>(
+    detail::vocab_ce_backward_kernel<Out><<<detail::rows_grid(who, n), nn::cuda::detail::block_size, 0, ctx.stream()>>>(
         logits, targets, shape_.vocab_range().size(), max_.device_handle(), sums_.device_handle(), dlogits, scale,
         shape_.vocab_range().begin, shape_.vocab());
     TRIDENT_CUDA_CHECK(cudaGetLastError());
   }
 
- private:
   void check(const std::string& who, std::size_t n, std::size_t logits, std::size_t targets) const {
     const std::size_t local = shape_.vocab_range().size();
     TRIDENT_EXPECT(n > 0, who, ": the mean over zero rows is undefined");
