@@ -126,7 +126,7 @@ struct trident_config {
   model_config model;
   std::string train_data, val_data;
   std::int64_t steps = 100;
-  std::int64_t eval_every = 0;  // 0: only at the end
+  std::int64_t eval_every = 0;  // 0: no validation
   int eval_batches = 4;
   std::uint64_t seed = 1234;
   std::string loss_csv, loss_svg, trace;
@@ -484,7 +484,7 @@ inline void parse_trident(const json& j, trident_config& t, std::vector<std::str
   read_if(s, "trident", "val_data", t.val_data, string);
   read_if(s, "trident", "steps", t.steps, size);
   read_if(s, "trident", "eval_every", t.eval_every, [](const json& v, const std::string& key) {
-    return get_integer(v, key, 0, size_max, "an integer >= 0 (0: evaluate at the end only)");
+    return get_integer(v, key, 0, size_max, "an integer >= 0 (0: no validation)");
   });
   read_if(s, "trident", "eval_batches", t.eval_batches, positive_int("an integer >= 1"));
   read_if(s, "trident", "seed", t.seed,
@@ -773,7 +773,15 @@ inline train_config load_config(const std::string& path, int world_size) {
     std::string last;
   };
   std::vector<frame> frames;
+  // Nesting is bounded: the parser keeps its own stack, but printing and destroying a value
+  // recurse, and 200000 nested arrays overflowed the call stack in an error message.
+  constexpr int max_depth = 64;
+  int depth = 0;
   auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) {
+      if (++depth > max_depth) detail::fail(path, ": values nested more than ", max_depth, " deep; a DeepSpeed config needs a few levels");
+    }
+    if (event == json::parse_event_t::object_end || event == json::parse_event_t::array_end) --depth;
     if (event == json::parse_event_t::object_start) frames.emplace_back();
     if (event == json::parse_event_t::object_end) frames.pop_back();
     if (event == json::parse_event_t::key) {

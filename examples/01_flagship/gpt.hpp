@@ -238,11 +238,13 @@ class chunk_runner {
   //! Checkpoints of the whole grid's optimizer state (trident/checkpoint/zero.hpp), collective
   //! over the world: save_checkpoint starts an asynchronous save (waiting for the previous
   //! one), finish_saves waits for the last, load_checkpoint loads the newest good one under
-  //! `root` (any layout it was saved in), or returns nullopt when there is none.
+  //! `root` (any layout it was saved in), or returns nullopt when there is none (`skipped`, if
+  //! given, gets why each newer one did not load).
   virtual void save_checkpoint(const std::filesystem::path& root, std::int64_t step, std::map<std::string, std::string> metadata,
                                int keep) = 0;
   virtual void finish_saves() = 0;
-  virtual std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root) = 0;
+  virtual std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root,
+                                                                          std::vector<std::string>* skipped = nullptr) = 0;
 };
 
 //! This rank's chunks of the model and the optimizer that holds their parameters.
@@ -480,8 +482,9 @@ class gpt_rank final : public chunk_runner {
   void finish_saves() override {
     trident::checkpoint::detail::agreed(*world_, "gpt_rank::finish_saves", [&] { pending_save_.wait(); });
   }
-  std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root) override {
-    auto r = trident::checkpoint::load_latest(*world_, *z_, root);
+  std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root,
+                                                                  std::vector<std::string>* skipped = nullptr) override {
+    auto r = trident::checkpoint::load_latest(*world_, *z_, root, skipped);
     if (r) send_tied_embedding();  // the last chunk's copy of the token embedding, as loaded
     return r;
   }

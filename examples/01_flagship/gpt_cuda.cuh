@@ -569,8 +569,9 @@ class gpt_cuda_rank {
   void finish_saves(comm_type& world) {
     trident::checkpoint::detail::agreed(world, "gpt_cuda_rank::finish_saves", [&] { pending_save_.wait(); });
   }
-  std::optional<trident::checkpoint::load_result> load_checkpoint(comm_type& world, const std::filesystem::path& root) {
-    auto r = trident::checkpoint::load_latest(world, *z_, root);
+  std::optional<trident::checkpoint::load_result> load_checkpoint(comm_type& world, const std::filesystem::path& root,
+                                                                  std::vector<std::string>* skipped = nullptr) {
+    auto r = trident::checkpoint::load_latest(world, *z_, root, skipped);
     if (r) send_tied_embedding();
     return r;
   }
@@ -1011,13 +1012,12 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   const auto coordinates = trident::detail::concat("rank ", world.rank(), " (d ", grid.coordinate(trident::grid_axis::data), ", t ",
                                                    grid.coordinate(trident::grid_axis::tensor), ", p ",
                                                    grid.coordinate(trident::grid_axis::pipeline), ")");
+  const std::size_t step_tokens = static_cast<std::size_t>(d) * static_cast<std::size_t>(m) * o.micro_batch * o.model.seq;
   long first = 1;
-  if (o.resume) {
-    if (const auto r = rank.load_checkpoint(world, o.checkpoint_dir)) {
-      first = r->step + 1;
-      flagship::detail::resume_data(train, r->metadata, r->step);
-    }
-  }
+  if (o.resume)
+    first = flagship::detail::resume(train, o, step_tokens, world.rank() == 0, [&](std::vector<std::string>* skipped) {
+      return rank.load_checkpoint(world, o.checkpoint_dir, skipped);
+    });
   std::vector<step_report> reports;
   for (long s = first; s <= o.steps; ++s) {
     // The traced step: the host's spans (the library's: enqueueing collectives, the pipeline
@@ -1089,10 +1089,11 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
         }
       }
       rep.val_loss = rank.eval_loss(o.eval_batches);
+      rep.validated = true;
     }
     if (o.save_every > 0 && s % o.save_every == 0) {
       const trident::trace_span span("checkpoint", "save (the copy to host memory)");  // in the traced step's trace
-      rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train), o.keep_checkpoints);
+      rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train, step_tokens), o.keep_checkpoints);
     }
     if (recorder) {
       tracing.reset();

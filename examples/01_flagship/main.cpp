@@ -13,15 +13,22 @@
 // It prints each rank's memory by category after the first step, a progress line per step
 // (loss, learning rate, tokens/s, MFU against this machine's measured GEMM rate, loss scale,
 // gradient norm, time left) and a validation loss every --eval-every steps, and writes the loss
-// curve as CSV and SVG and one step's timeline as a Chrome trace (--out).
+// curve as CSV and SVG and one step's timeline as a Chrome trace (--out). A run whose training
+// loss stops being finite ends there with an error (exit status 1). Under MPI every rank must be
+// started with the same options, and an error is printed by the rank that met it.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -61,6 +68,7 @@ struct settings {
   std::string attention = "auto";  // --attention, trident.attention (flagship::resolve_attention)
   long warmup = 20;
   double min_lr_ratio = 0.1;
+  std::string schedule;  // the learning rate's schedule, as the banner names it
   std::vector<std::string> ignored;  // DeepSpeed keys of the config that trident does not use
   std::string trace;                 // from a config, else DIR/trace.json
 };
@@ -97,7 +105,10 @@ constexpr const char* usage = R"(usage: flagship [options]
                          a checkpoint every N steps into DIR (asynchronous; the newest K kept,
                          default all); docs/checkpoint_format.md
   --resume               continue from the newest good checkpoint in DIR (--save's; saved in any
-                         grid layout and ZeRO stage, with the same global batch) up to --steps
+                         grid layout and ZeRO stage, with the same global batch) up to --steps;
+                         says which newer ones it went past and why, or that there was none
+
+A training loss that is not finite (the model diverged) ends the run with an error.
 )";
 
 using arguments = std::vector<std::pair<std::string, std::string>>;  // (option, value)
@@ -136,12 +147,22 @@ std::string option(const arguments& args, const std::string& name, std::string f
   return fallback;
 }
 
-long integer(const std::string& option, const std::string& v) {
+// An integer option's value in [lo, hi]. Out of range is an error naming the option: a negative
+// size once wrapped to a huge one (--layers -2 allocated until it ran out of memory), and values
+// beyond the field's type were cut silently (--tensor 4294967298 ran as 2).
+long integer(const std::string& option, const std::string& v, long lo, long hi) {
   char* end = nullptr;
+  errno = 0;
   const long n = std::strtol(v.c_str(), &end, 10);
   TRIDENT_EXPECT(!v.empty() && *end == '\0', "flagship: ", option, " expects an integer, got '", v, "'");
+  TRIDENT_EXPECT(errno != ERANGE && n >= lo && n <= hi, "flagship: ", option, " ", v, " is out of range; expected an integer in [",
+                 lo, ", ", hi, "]");
   return n;
 }
+constexpr long int_max = std::numeric_limits<int>::max(), long_max = std::numeric_limits<long>::max();
+// Model and batch dimensions: bounds far above any model a machine holds, so that a typo is named
+// instead of attempted (and products of them cannot wrap).
+constexpr long dim_max = long{1} << 24;
 float real(const std::string& option, const std::string& v) {
   char* end = nullptr;
   const float x = std::strtof(v.c_str(), &end);
@@ -172,6 +193,7 @@ void default_schedule(settings& s) {
   auto& o = s.train;
   const double lr = o.adamw.lr, floor = s.min_lr_ratio * lr;
   const long warmup = std::max<long>(1, s.warmup), total = o.steps;
+  s.schedule = trident::detail::concat("warm-up ", warmup, " then cosine to ", s.min_lr_ratio, " x lr");
   o.lr = [=](std::int64_t step) {
     if (step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
     const double t = static_cast<double>(step - warmup) / static_cast<double>(std::max<long>(1, total - warmup));
@@ -228,6 +250,7 @@ void from_config(settings& s, const std::string& path, int world_size) {
   namespace optim = trident::optim;
   const auto& sc = c.scheduler;
   const auto kind = sc.warmup_type == "linear" ? optim::warmup_kind::linear : optim::warmup_kind::log;
+  s.schedule = trident::detail::concat(sc.type.empty() ? std::string("a constant lr") : sc.type, " (", path, ")");
   if (sc.type == "WarmupLR") {
     const optim::warmup_lr f{.min_lr = sc.warmup_min_lr, .max_lr = sc.warmup_max_lr, .warmup_steps = sc.warmup_num_steps, .kind = kind};
     o.lr = f;
@@ -283,39 +306,39 @@ settings build(const arguments& args, int world_size) {
   }
   auto& o = s.train;
   for (const auto& [a, v] : args) {
-    if (a == "--tensor") o.tensor = static_cast<int>(integer(a, v));
-    else if (a == "--pipeline") o.pipeline = static_cast<int>(integer(a, v));
-    else if (a == "--virtual") o.virtual_stages = static_cast<int>(integer(a, v));
+    if (a == "--tensor") o.tensor = static_cast<int>(integer(a, v, 1, int_max));
+    else if (a == "--pipeline") o.pipeline = static_cast<int>(integer(a, v, 1, int_max));
+    else if (a == "--virtual") o.virtual_stages = static_cast<int>(integer(a, v, 1, int_max));
     else if (a == "--schedule") o.schedule = v;
-    else if (a == "--zero") o.zero_stage = static_cast<int>(integer(a, v));
-    else if (a == "--steps") o.steps = integer(a, v);
-    else if (a == "--micro-batch") o.micro_batch = static_cast<std::size_t>(integer(a, v));
-    else if (a == "--accumulation") o.accumulation = static_cast<int>(integer(a, v));
+    else if (a == "--zero") o.zero_stage = static_cast<int>(integer(a, v, 0, 3));
+    else if (a == "--steps") o.steps = integer(a, v, 0, long_max);
+    else if (a == "--micro-batch") o.micro_batch = static_cast<std::size_t>(integer(a, v, 1, dim_max));
+    else if (a == "--accumulation") o.accumulation = static_cast<int>(integer(a, v, 1, int_max));
     else if (a == "--lr") {
       o.adamw.lr = real(a, v);
       schedule_given = false;
     } else if (a == "--warmup") {
-      s.warmup = integer(a, v);
+      s.warmup = integer(a, v, 0, long_max);
       schedule_given = false;
     } else if (a == "--clip") o.max_grad_norm = real(a, v);
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(a, v));
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(a, v, 0, long_max));
     else if (a == "--precision") s.precision = v;
-    else if (a == "--layers") o.model.layers = static_cast<std::size_t>(integer(a, v));
-    else if (a == "--hidden") o.model.hidden = static_cast<std::size_t>(integer(a, v));
-    else if (a == "--heads") o.model.heads = static_cast<std::size_t>(integer(a, v));
-    else if (a == "--seq") o.model.seq = static_cast<std::size_t>(integer(a, v));
+    else if (a == "--layers") o.model.layers = static_cast<std::size_t>(integer(a, v, 1, dim_max));
+    else if (a == "--hidden") o.model.hidden = static_cast<std::size_t>(integer(a, v, 1, dim_max));
+    else if (a == "--heads") o.model.heads = static_cast<std::size_t>(integer(a, v, 1, dim_max));
+    else if (a == "--seq") o.model.seq = static_cast<std::size_t>(integer(a, v, 1, dim_max));
     else if (a == "--sequence-parallel") o.model.sequence_parallel = true;
     else if (a == "--recompute") o.model.recompute = flagship::parse_recompute(v);
     else if (a == "--data") {
       s.data = v;
       s.train_file.clear();
       s.val_file.clear();
-    } else if (a == "--eval-every") o.eval_every = integer(a, v);
-    else if (a == "--trace-step") o.trace_step = integer(a, v);
+    } else if (a == "--eval-every") o.eval_every = integer(a, v, 0, long_max);
+    else if (a == "--trace-step") o.trace_step = integer(a, v, 0, long_max);
     else if (a == "--out") s.out = v;
     else if (a == "--save") o.checkpoint_dir = v;
-    else if (a == "--save-every") o.save_every = integer(a, v);
-    else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v));
+    else if (a == "--save-every") o.save_every = integer(a, v, 0, long_max);
+    else if (a == "--keep") o.keep_checkpoints = static_cast<int>(integer(a, v, 0, int_max));
     else if (a == "--resume") o.resume = true;
     else if (a == "--attention") s.attention = v;
     else if (a == "--gemm") {
@@ -325,7 +348,11 @@ settings build(const arguments& args, int world_size) {
       o.model.bf16_gemm = v == "bf16";  // the head's GEMMs and the blocks' (gpt_config::bf16_gemm)
     }
   }
-  if (!schedule_given) default_schedule(s);
+  if (!schedule_given) {
+    const bool replaced = !s.config.empty();  // --lr or --warmup: the command line's schedule, not the config's
+    default_schedule(s);
+    if (replaced) s.schedule += " (--lr / --warmup replace the config's scheduler)";
+  }
   TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16" || s.precision == "fp16",
                  "flagship: --precision ", s.precision, "; expected fp32, bf16 or fp16");
   // The command line's or the config's attention, auto resolved for this run.
@@ -339,7 +366,9 @@ settings build(const arguments& args, int world_size) {
   return s;
 }
 
-void require_data(settings& s) {
+// writes_output: this process writes the loss curve and the trace (rank 0's), whose paths are
+// checked here, before training, instead of failing after it.
+void require_data(settings& s, bool writes_output) {
   auto& o = s.train;
   o.train_files = {s.train_file.empty() ? s.data + "_train.bin" : s.train_file};
   o.val_files = {s.val_file.empty() ? s.data + "_val.bin" : s.val_file};
@@ -350,6 +379,15 @@ void require_data(settings& s) {
   o.trace_file = s.trace.empty() ? s.out + "/trace.json" : s.trace;
   if (s.loss_csv.empty()) s.loss_csv = s.out + "/loss.csv";
   if (s.loss_svg.empty()) s.loss_svg = s.out + "/loss.svg";
+  if (!writes_output) return;
+  std::vector<std::pair<std::string, const char*>> outputs{{s.loss_csv, "the loss curve's CSV"}, {s.loss_svg, "the loss curve's SVG"}};
+  if (o.trace_step > 0) outputs.emplace_back(o.trace_file, "the trace");
+  for (const auto& [path, what] : outputs) {
+    const bool existed = std::filesystem::exists(path);
+    const bool writable = std::ofstream(path, std::ios::app).good();
+    if (!existed) std::filesystem::remove(path);
+    TRIDENT_EXPECT(writable, "flagship: cannot write ", what, " to '", path, "'; expected a writable path (--out, or the config's)");
+  }
 }
 
 // Trains on `world` with `train(world, options, on_step)` (flagship::train<Precision>, or the GPU
@@ -366,7 +404,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   if (speaker)
     std::printf("trident %s flagship: GPT %zu layers, hidden %zu, %zu heads, seq %zu, vocab %zu = %.2fM parameters\n"
                 "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s%s%s\n"
-                "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, warm-up %ld, clip %.2f\n",
+                "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, %s, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
                 static_cast<double>(o.model.parameters()) / 1e6, world.size(),
                 s.backend == "mpi" ? "MPI" : s.backend == "nccl" ? "NCCL (GPU)" : "thread", d, o.tensor,
@@ -377,7 +415,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
                 o.model.flash_bf16 ? ", flash attention (bf16 tiles)" : o.model.flash_attention ? ", flash attention" : "",
                 gemm.c_str(), d * o.accumulation, o.micro_batch,
                 o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
-                static_cast<double>(o.adamw.lr), s.warmup, static_cast<double>(o.max_grad_norm));
+                static_cast<double>(o.adamw.lr), s.schedule.c_str(), static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {
     std::printf("  %s: DeepSpeed keys trident does not use (ignored):", s.config.c_str());
     for (const auto& k : s.ignored) std::printf(" %s", k.c_str());
@@ -398,16 +436,33 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
         world.barrier();
       }
     }
-    if (!speaker) return;
-    if (scaled) bar.loss_scale = std::to_string(static_cast<long long>(r.loss_scale));
-    const std::string line = bar.line(r);
-    const bool keep = !tty || r.step == o.steps || !std::isnan(r.val_loss) || r.step % 25 == 0;
-    std::printf(tty ? "\r\033[K%s%s" : "%s%s", line.c_str(), keep ? "\n" : "");
-    std::fflush(stdout);
+    const bool finite = std::isfinite(r.loss);
+    if (speaker) {
+      if (scaled) {  // up to 2^127 with initial_scale_power 127: beyond long long
+        char scale[32];
+        std::snprintf(scale, sizeof scale, r.loss_scale < 1e15 ? "%.0f" : "%.3g", r.loss_scale);
+        bar.loss_scale = scale;
+      }
+      const std::string line = bar.line(r);
+      const bool keep = !tty || !finite || r.step == o.steps || r.validated || r.step % 25 == 0;
+      std::printf(tty ? "\r\033[K%s%s" : "%s%s", line.c_str(), keep ? "\n" : "");
+      std::fflush(stdout);
+    }
+    // A non-finite training loss does not come back: the run stops there (as Megatron-LM's
+    // check for NaN in the loss does) instead of reporting NaN to the end and exiting 0. Every
+    // rank sees the same loss, so every rank stops at the same step.
+    if (!finite)
+      throw trident::error(trident::detail::concat("flagship: step ", r.step, ": the training loss is ", r.loss,
+                                                   "; the model diverged or its input is not finite (lr was ", r.lr,
+                                                   " this step: a smaller --lr or the config's optimizer lr may help); "
+                                                   "stopped here rather than train on it"));
   });
   if (!speaker) return;
   if (reports.empty()) {
-    std::printf("nothing to train: the checkpoint in %s is at step %ld or later (--steps)\n", o.checkpoint_dir.c_str(), o.steps);
+    if (o.resume && o.steps > 0)
+      std::printf("nothing to train: the checkpoint in %s is at step %ld or later (--steps)\n", o.checkpoint_dir.c_str(), o.steps);
+    else
+      std::printf("nothing to train: --steps %ld\n", o.steps);
     return;
   }
   if (reports.front().step > 1) std::printf("resumed from the checkpoint of step %ld in %s\n", reports.front().step - 1, o.checkpoint_dir.c_str());
@@ -425,6 +480,59 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   std::printf("\n");
 }
 
+// An error already printed (by the rank that met it, under MPI).
+struct reported {};
+
+#if TRIDENT_HAS_MPI
+// Every MPI rank must train with the same options: ranks started with different --steps once
+// finished on some while the others waited in a collective, and a different --seed or
+// --micro-batch trained on without a word. Paths may differ per node (--data, --out, --save,
+// --config's path); the config's contents may not. Checked before anything else runs.
+void require_same_options(const arguments& args, int rank, int size) {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the options, the values and the config's text
+  const auto mix = [&](const std::string& text) {
+    for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;  // a separator
+  };
+  for (const auto& [k, v] : args) {
+    mix(k);
+    if (k == "--config") {
+      std::ifstream in(v, std::ios::binary);  // unreadable: build() names it
+      mix(std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()});
+    } else if (k != "--data" && k != "--out" && k != "--save") {
+      mix(v);
+    }
+  }
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(size));
+  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  std::string differ;
+  for (int r = 1; r < size; ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  TRIDENT_EXPECT(differ.empty(), "flagship: ranks ", differ, " were started with other options or another config than rank 0 "
+                 "(rank ", rank, " of ", size, "); every rank needs the same ones (paths to data, output and checkpoints may differ)");
+}
+
+// An MPI job's body: an error is printed here, by the rank that met it, before
+// mpi_environment's destructor ends the job with MPI_Abort (it does so while the exception
+// unwinds, so main's own handler would never print it).
+template <class Body>
+int on_mpi(int argc, char** argv, const arguments& args, Body&& body) {
+  trident::mpi_environment env(argc, argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    require_same_options(args, rank, size);
+    body(rank, size);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flagship: rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    throw reported{};  // still an exception for the environment's destructor; main prints nothing more
+  }
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -438,10 +546,10 @@ int main(int argc, char** argv) {
     // on every backend (build() resolves it again with the config's and the model's settings).
     (void)flagship::resolve_attention(option(args, "--attention", "auto"), backend, "", 0, 0);
     if (backend == "local") {
-      const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4")));
+      const int ranks = static_cast<int>(integer("--ranks", option(args, "--ranks", "4"), 1, 4096));
       TRIDENT_EXPECT(ranks >= 1, "flagship: expected at least one rank, got ", ranks);
       auto s = build(args, ranks);
-      require_data(s);
+      require_data(s, true);
       const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(ranks));
       with_precision(s.precision, [&](auto precision) {
         trident::local_world::run(ranks, [&](trident::local_comm& world) { run(world, s, peak, trainer<decltype(precision)>{}); });
@@ -450,53 +558,52 @@ int main(int argc, char** argv) {
     }
 #if TRIDENT_HAS_MPI
     if (backend == "mpi") {
-      trident::mpi_environment env(argc, argv);
-      auto world = trident::mpi_comm::world();
-      auto s = build(args, world.size());
-      require_data(s);
-      const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(world.size()));
-      with_precision(s.precision, [&](auto precision) { run(world, s, peak, trainer<decltype(precision)>{}); });
-      return 0;
+      return on_mpi(argc, argv, args, [&](int rank, int) {
+        auto world = trident::mpi_comm::world();
+        auto s = build(args, world.size());
+        require_data(s, rank == 0);
+        const double peak = flagship::measured_gemm_flops() * std::min<unsigned>(cores, static_cast<unsigned>(world.size()));
+        with_precision(s.precision, [&](auto precision) { run(world, s, peak, trainer<decltype(precision)>{}); });
+      });
     }
 #endif
 #if FLAGSHIP_HAS_CUDA
     if (backend == "nccl") {
-      trident::mpi_environment env(argc, argv);
-      int size = 0, rank = 0;
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      auto s = build(args, size);
-      TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16", "flagship: --precision ", s.precision,
-                     " with --backend nccl: the GPU path trains in fp32 or bf16 for now (fp16 runs on thread and MPI ranks)");
-      require_data(s);
-      const bool share = std::any_of(args.begin(), args.end(), [](const auto& a) { return a.first == "--share-gpu"; });
-      const int devices = trident::cuda_device_count();
-      TRIDENT_EXPECT(devices > 0, "flagship: --backend nccl on rank ", rank, ": no CUDA device is visible (no GPU or no driver); "
-                     "use --backend local or mpi here");
-      const int device = share ? 0 : rank % devices;
-      TRIDENT_CUDA_CHECK(cudaSetDevice(device));
-      if (s.attention == "auto" && s.train.model.flash_bf16) {  // auto's tiles need bf16 tensor cores (8.0+)
-        int major = 0;
-        TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        if (major < 8) s.train.model.flash_attention = s.train.model.flash_bf16 = false;
-      }
-      auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});
-      // MFU against the GPUs' measured GEMM rate in the run's math, summed over the ranks (ranks
-      // sharing a GPU measure it at the same time, so their sum is about one GPU's).
-      const auto math = s.train.gpu_gemm.value_or(s.precision == "bf16" ? trident::nn::gemm_math::tf32 : trident::nn::gemm_math::fp32);
-      double peak = flagship::cuda::gpu_gemm_flops(math);
-      MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-      run(world, s, peak, [bf16 = s.precision == "bf16"](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
-        // bf16: bf16 working weights and gradients, GEMMs on TF32 tensor cores unless --gemm says
-        // otherwise (gpt_cuda.cuh).
-        return bf16 ? flagship::cuda::train_on_gpus<trident::mixed_precision<trident::bf16>>(w, o, on_step)
-                    : flagship::cuda::train_on_gpus(w, o, on_step);
+      return on_mpi(argc, argv, args, [&](int rank, int size) {
+        auto s = build(args, size);
+        TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16", "flagship: --precision ", s.precision,
+                       " with --backend nccl: the GPU path trains in fp32 or bf16 for now (fp16 runs on thread and MPI ranks)");
+        require_data(s, rank == 0);
+        const bool share = std::any_of(args.begin(), args.end(), [](const auto& a) { return a.first == "--share-gpu"; });
+        const int devices = trident::cuda_device_count();
+        TRIDENT_EXPECT(devices > 0, "flagship: --backend nccl on rank ", rank, ": no CUDA device is visible (no GPU or no driver); "
+                       "use --backend local or mpi here");
+        const int device = share ? 0 : rank % devices;
+        TRIDENT_CUDA_CHECK(cudaSetDevice(device));
+        if (s.attention == "auto" && s.train.model.flash_bf16) {  // auto's tiles need bf16 tensor cores (8.0+)
+          int major = 0;
+          TRIDENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+          if (major < 8) s.train.model.flash_attention = s.train.model.flash_bf16 = false;
+        }
+        auto world = trident::nccl_comm::from_mpi(MPI_COMM_WORLD, {.host_id_per_rank = share});
+        // MFU against the GPUs' measured GEMM rate in the run's math, summed over the ranks (ranks
+        // sharing a GPU measure it at the same time, so their sum is about one GPU's).
+        const auto math = s.train.gpu_gemm.value_or(s.precision == "bf16" ? trident::nn::gemm_math::tf32 : trident::nn::gemm_math::fp32);
+        double peak = flagship::cuda::gpu_gemm_flops(math);
+        MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        run(world, s, peak, [bf16 = s.precision == "bf16"](trident::nccl_comm& w, const flagship::train_options& o, const auto& on_step) {
+          // bf16: bf16 working weights and gradients, GEMMs on TF32 tensor cores unless --gemm says
+          // otherwise (gpt_cuda.cuh).
+          return bf16 ? flagship::cuda::train_on_gpus<trident::mixed_precision<trident::bf16>>(w, o, on_step)
+                      : flagship::cuda::train_on_gpus(w, o, on_step);
+        });
       });
-      return 0;
     }
 #endif
     throw trident::usage_error("flagship: --backend " + backend + " is not available in this build (local" +
                                std::string(trident::has_mpi ? ", mpi" : "") + std::string(FLAGSHIP_HAS_CUDA ? ", nccl" : "") + ")");
+  } catch (const reported&) {
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flagship: %s\n", e.what());
     return 1;

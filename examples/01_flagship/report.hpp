@@ -73,7 +73,7 @@ struct progress {
                   r.grad_norm, r.applied ? "" : " (skipped)", 1000.0 * per_step,
                   human_duration(per_step * static_cast<double>(steps - r.step)).c_str());
     std::string out = buf;
-    if (!std::isnan(r.val_loss)) {
+    if (r.validated) {  // a NaN validation loss shows as such
       std::snprintf(buf, sizeof buf, " | val %.4f", r.val_loss);
       out += buf;
     }
@@ -81,14 +81,14 @@ struct progress {
   }
 };
 
-//! step, loss, val_loss (empty when not validated), lr, grad_norm, seconds, tokens
+//! step, loss, val_loss (empty when not validated; nan when it was NaN), lr, grad_norm, seconds, tokens
 inline void write_loss_csv(const std::string& path, const std::vector<step_report>& reports) {
   std::ofstream f(path);
   TRIDENT_EXPECT(f.good(), "flagship: cannot write the loss curve to '", path, "'");
   f << "step,loss,val_loss,lr,grad_norm,seconds,tokens\n";
   for (const auto& r : reports) {
     f << r.step << ',' << r.loss << ',';
-    if (!std::isnan(r.val_loss)) f << r.val_loss;
+    if (r.validated) f << r.val_loss;
     f << ',' << r.lr << ',' << r.grad_norm << ',' << r.seconds << ',' << r.tokens << '\n';
   }
   TRIDENT_EXPECT(f.good(), "flagship: writing '", path, "' failed");

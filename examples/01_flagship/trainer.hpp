@@ -112,7 +112,8 @@ struct step_report {
   double loss_scale = 1;         // the scale this step's gradients were computed with
   double seconds = 0;            // wall time of the step (data, forward, backward, step)
   double tokens = 0;             // tokens of the step, every rank's
-  double val_loss = std::numeric_limits<double>::quiet_NaN();  // when validated after this step
+  bool validated = false;        // a validation ran after this step: val_loss (which may be NaN)
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 namespace detail {
@@ -240,8 +241,10 @@ void check_tokens(Comm& world, const step_batches& b, std::size_t vocab, long st
   if (world.rank() == first[0])
     throw trident::usage_error(trident::detail::concat("train: step ", step, ", ", what, " ", which, ": token ", bad, " at position ",
                                                        where, " is outside the vocabulary [0, ", vocab, ") (rank ", world.rank(), ")"));
-  throw trident::usage_error(trident::detail::concat("train: step ", step, ": rank ", first[0], " read a token outside the vocabulary [0, ",
-                                                     vocab, ") in a ", what));
+  trident::usage_error echo(trident::detail::concat("train: step ", step, ": rank ", first[0], " read a token outside the vocabulary [0, ",
+                                                    vocab, ") in a ", what));
+  echo.mark_echo();  // that rank raises the details
+  throw echo;
 }
 
 // The value that the rank of the last stage holds, averaged over the data axis and given to
@@ -257,7 +260,10 @@ double share_from_last_stage(trident::process_grid<Comm>& grid, double value, bo
 // Where the data of a resumed run continues: the position the checkpoint recorded, in units of
 // this run's global batch (ranks x B x T tokens per loader step; a resharded run may cut the
 // same step's batch into more or fewer loader steps).
-inline void resume_data(trident::data::shard_loader& train, const std::map<std::string, std::string>& meta, long step) {
+// step_tokens: this run's tokens per optimizer step (data-parallel ranks x accumulation x B x T),
+// which must be the checkpoint's (checkpoints from before it was recorded are not checked).
+inline void resume_data(trident::data::shard_loader& train, const std::map<std::string, std::string>& meta, long step,
+                        std::size_t step_tokens) {
   auto number = [&](const char* key) -> std::size_t {
     const auto it = meta.find(key);
     TRIDENT_EXPECT(it != meta.end(), "train: the checkpoint of step ", step, " has no data position ('", key, "')");
@@ -266,6 +272,12 @@ inline void resume_data(trident::data::shard_loader& train, const std::map<std::
                    step, " has '", key, "' = '", v, "'; expected a count");
     return static_cast<std::size_t>(std::stoull(v));
   };
+  if (meta.contains("data.step_tokens")) {
+    const std::size_t saved = number("data.step_tokens");
+    TRIDENT_EXPECT(saved == step_tokens, "train: the checkpoint of step ", step, " was trained on global batches of ", saved,
+                   " tokens per step, this run on ", step_tokens, " (data-parallel ranks x accumulation x micro-batch x seq); a "
+                   "resumed run keeps the global batch (its grid may change)");
+  }
   const std::size_t shard = number("data.shard"), batch = number("data.batch"), tokens = number("data.global_tokens");
   const std::size_t mine = train.global_tokens();
   TRIDENT_EXPECT(batch * tokens % mine == 0, "train: the checkpoint of step ", step, " stopped at batch ", batch, " of ", tokens,
@@ -274,11 +286,29 @@ inline void resume_data(trident::data::shard_loader& train, const std::map<std::
 }
 
 // What a checkpoint records of the training data's position, for resume_data.
-inline std::map<std::string, std::string> data_position(const trident::data::shard_loader& train) {
+inline std::map<std::string, std::string> data_position(const trident::data::shard_loader& train, std::size_t step_tokens) {
   const auto at = train.position();
   return {{"data.shard", std::to_string(at.shard)},
           {"data.batch", std::to_string(at.batch)},
-          {"data.global_tokens", std::to_string(train.global_tokens())}};
+          {"data.global_tokens", std::to_string(train.global_tokens())},
+          {"data.step_tokens", std::to_string(step_tokens)}};
+}
+
+// --resume: loads the newest checkpoint that loads (load(&skipped) returns it, or nullopt) and
+// returns the first step to train. The speaker says which newer checkpoints were gone past and
+// why, and when there was none: a resume that quietly starts over, or quietly takes an older
+// step, looks like success.
+template <class Load>
+long resume(trident::data::shard_loader& train, const train_options& o, std::size_t step_tokens, bool speaker, Load&& load) {
+  std::vector<std::string> skipped;
+  const auto r = load(&skipped);
+  if (speaker) {
+    for (const auto& why : skipped) std::fprintf(stderr, "train: --resume went past a checkpoint: %s\n", why.c_str());
+    if (!r) std::fprintf(stderr, "train: no checkpoint to resume from in '%s'; training from step 1\n", o.checkpoint_dir.c_str());
+  }
+  if (!r) return 1;
+  resume_data(train, r->metadata, r->step, step_tokens);
+  return r->step + 1;
 }
 
 // The options of traces and checkpoints, checked by every rank alone. `who` starts the messages.
@@ -331,13 +361,12 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
   const auto coordinates = trident::detail::concat("rank ", world.rank(), " (d ", grid.coordinate(trident::grid_axis::data), ", t ",
                                                    grid.coordinate(trident::grid_axis::tensor), ", p ",
                                                    grid.coordinate(trident::grid_axis::pipeline), ")");
+  const std::size_t step_tokens = static_cast<std::size_t>(d) * static_cast<std::size_t>(m) * o.micro_batch * o.model.seq;
   long first = 1;
-  if (o.resume) {
-    if (const auto r = rank.load_checkpoint(o.checkpoint_dir)) {
-      first = r->step + 1;
-      resume_data(train, r->metadata, r->step);
-    }
-  }
+  if (o.resume)
+    first = resume(train, o, step_tokens, world.rank() == 0, [&](std::vector<std::string>* skipped) {
+      return rank.load_checkpoint(o.checkpoint_dir, skipped);
+    });
   std::vector<step_report> reports;
   for (long s = first; s <= o.steps; ++s) {
     std::optional<trident::trace_recorder> recorder;
@@ -403,10 +432,11 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
         if (last) vsum += x[0];
       }
       rep.val_loss = share_from_last_stage(grid, last ? vsum / o.eval_batches : 0.0, last);
+      rep.validated = true;
     }
     if (o.save_every > 0 && s % o.save_every == 0) {
       const trident::trace_span span("checkpoint", "save (the copy to host memory)");  // in the traced step's trace
-      rank.save_checkpoint(o.checkpoint_dir, s, data_position(train), o.keep_checkpoints);
+      rank.save_checkpoint(o.checkpoint_dir, s, data_position(train, step_tokens), o.keep_checkpoints);
     }
     if (recorder) {
       tracing.reset();

@@ -151,6 +151,36 @@ TEST_CASE("local: an exception on one rank reaches the others as an error and ru
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
 }
 
+TEST_CASE("local: when the first rank to fail only echoes another's failure (error::echo), run rethrows the other's") {
+  // A collective check raises on every rank: the rank that found the problem raises the details,
+  // the others an echo naming it, and an echo may abort the world first.
+  try {
+    local_world::run(3, [](local_comm& comm) {
+      std::vector<int> bad{comm.rank() == 2 ? 1 : 0};
+      comm.all_reduce(bad, trident::reduce_op::max);
+      if (comm.rank() == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the echoes get there first
+        throw trident::usage_error("token 300 at position 20 is outside the vocabulary [0, 256) (rank 2)");
+      }
+      trident::usage_error echo("rank 2 read a token outside the vocabulary");
+      echo.mark_echo();
+      throw echo;
+    });
+    FAIL("run should have rethrown");
+  } catch (const trident::usage_error& e) {
+    CHECK(e.message() == "token 300 at position 20 is outside the vocabulary [0, 256) (rank 2)");
+    CHECK_FALSE(e.echo());
+  }
+  // Echoes alone: one of them is raised.
+  CHECK_THROWS_WITH_AS(local_world::run(2,
+                                        [](local_comm&) {
+                                          trident::error echo("rank 5 failed");
+                                          echo.mark_echo();
+                                          throw echo;
+                                        }),
+                       doctest::Contains("rank 5 failed"), trident::error);
+}
+
 TEST_CASE("local: a rank that never arrives times out, naming the operation and the peer") {
   trident::local_options options;
   options.timeout = std::chrono::milliseconds(200);

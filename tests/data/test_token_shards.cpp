@@ -152,6 +152,9 @@ TEST_CASE("token shards: bad files and arguments are usage errors naming the fil
   expect_error("no file matches", [&] { data::find_shards(s / "nothing_*.bin"); });
   expect_error("holds 100 tokens; a global batch of 4 ranks x B = 5 x T = 5 needs 101",
                [&] { data::shard_loader({s / "good.bin"}, 5, 5, 0, 4); });
+  // ranks x B x T beyond 64 bits once wrapped to 0 tokens, passed the size check and divided by zero
+  expect_error("overflows a 64-bit count", [&] { data::shard_loader({s / "good.bin"}, std::size_t{1} << 62, 4, 0, 4); });
+  expect_error("overflows a 64-bit count", [&] { data::shard_loader({s / "good.bin"}, std::size_t{1} << 32, std::size_t{1} << 32, 0, 1); });
   expect_error("expected 0 <= rank < ranks", [&] { data::shard_loader({s / "good.bin"}, 1, 1, 2, 2); });
   expect_error("expected both at least 1", [&] { data::shard_loader({s / "good.bin"}, 0, 1, 0, 1); });
   const std::vector<std::uint32_t> wide{70000};

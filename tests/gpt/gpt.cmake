@@ -31,6 +31,17 @@ trident_add_test(gpt.local SOURCES gpt/test_gpt_local.cpp LIBRARIES trident_test
 # Checkpoints of the GPT: bit-exact resume on a 3-D grid and resharding across grid layouts.
 trident_add_test(checkpoint.gpt SOURCES gpt/test_gpt_checkpoint.cpp LIBRARIES trident_test_gpt LABELS checkpoint gpt local)
 trident_add_test(gpt.precision SOURCES gpt/test_gpt_precision.cpp LIBRARIES trident_test_gpt LABELS gpt local)
+# The flagship's command line as a hostile user meets it (gpt/flagship_cli.sh): values out of
+# range, a diverging run, and under MPI an error's message and ranks started differently.
+if(TARGET flagship)
+  set(cli_mpiexec "")
+  if(TARGET trident::mpi)
+    set(cli_mpiexec "${MPIEXEC_EXECUTABLE}")
+  endif()
+  add_test(NAME gpt.cli COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/gpt/flagship_cli.sh" $<TARGET_FILE:flagship>
+                                "${CMAKE_CURRENT_BINARY_DIR}/gpt_cli" "${cli_mpiexec}")
+  set_tests_properties(gpt.cli PROPERTIES LABELS "gpt;local" TIMEOUT 600 PROCESSORS 2)
+endif()
 if(TARGET trident::mpi)
   trident_add_test(gpt.mpi SOURCES gpt/test_gpt_mpi.cpp LIBRARIES trident_test_gpt trident::mpi MPI_RANKS 4 LABELS gpt mpi)
 endif()

@@ -594,5 +594,15 @@ TEST_CASE("ds_config: load_config reads comments, refuses duplicate keys and bad
   CHECK_MESSAGE_HAS(error_of([&] { (void)flagship::load_config(broken, 1); }), "is not valid JSON");
   CHECK_MESSAGE_HAS(error_of([&] { (void)flagship::load_config((dir / "missing.json").string(), 1); }),
                     "cannot open config file");
+  // 200000 nested arrays once overflowed the stack while the error message printed the value.
+  const std::string deep = R"({"train_batch_size": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  CHECK_MESSAGE_HAS(error_of([&] { (void)flagship::load_config(write("deep.json", deep.c_str()), 1); }),
+                    "values nested more than 64 deep");
+  // 60 levels are parsed (and then refused for what they are, not for their depth)
+  const std::string sixty = R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"betas": )" +
+                            std::string(60, '[') + std::string(60, ']') + "}}}";
+  const auto m = error_of([&] { (void)flagship::load_config(write("sixty.json", sixty.c_str()), 1); });
+  CHECK_MESSAGE_HAS(m, "optimizer.params.betas");
+  CHECK(m.find("nested") == std::string::npos);
   std::filesystem::remove_all(dir);
 }

@@ -344,9 +344,13 @@ void agreed(Comm& comm, std::string_view what, Work work) {
   for (std::size_t r = 0; r < kinds.size(); ++r) {
     if (kinds[r] == 0) continue;
     const std::string why = concat(what, ": rank ", r, " failed (its error is raised there); nothing was changed on this rank's side of it");
-    if (kinds[r] == 1) throw corrupt_checkpoint(why);
-    if (kinds[r] == 2) throw usage_error(why);
-    throw error(why);
+    const auto echo = [](auto e) {
+      e.mark_echo();
+      return e;
+    };
+    if (kinds[r] == 1) throw echo(corrupt_checkpoint(why));
+    if (kinds[r] == 2) throw echo(usage_error(why));
+    throw echo(error(why));
   }
 }
 

@@ -1123,10 +1123,29 @@ struct local_world {
       for (auto& t : threads) t.join();
     }
     // The root cause is the failure of the rank that aborted the world first (its own exception,
-    // or the timeout it hit); the others only echo it.
+    // or the timeout it hit); the others only echo it. Unless that one is itself an echo
+    // (error::echo(): a collective check raising on every rank, where the failing rank may
+    // abort later than the others): then the first failure that is not one.
     if (world->aborted.load()) {
+      const auto echoes = [](const std::exception_ptr& f) {
+        try {
+          std::rethrow_exception(f);
+        } catch (const error& e) {
+          return e.echo();
+        } catch (...) {
+          return false;
+        }
+      };
       const int first = world->failed_rank;
-      if (first >= 0 && failures[static_cast<std::size_t>(first)]) std::rethrow_exception(failures[static_cast<std::size_t>(first)]);
+      const std::exception_ptr* chosen = first >= 0 && failures[static_cast<std::size_t>(first)] ? &failures[static_cast<std::size_t>(first)]
+                                                                                                : nullptr;
+      if (!chosen || echoes(*chosen))
+        for (auto& f : failures)
+          if (f && !echoes(f)) {
+            chosen = &f;
+            break;
+          }
+      if (chosen) std::rethrow_exception(*chosen);
       for (auto& f : failures)
         if (f) std::rethrow_exception(f);
       throw error(detail::concat("local_world::run: ", world->describe()));

@@ -74,6 +74,15 @@ class error : public std::runtime_error {
   const std::string& operation() const noexcept { return operation_; }
   //! Where the failure was detected.
   const std::source_location& where() const noexcept { return where_; }
+  //! Whether this only repeats another rank's failure, which that rank raises itself (collective
+  //! checks raise an error on every rank so that none waits for the one that failed). A runner
+  //! of several ranks reports a failure that is not an echo first: that one says what went wrong.
+  //!
+  //!   auto e = trident::usage_error(concat("save: rank ", r, " failed (its error is raised there)"));
+  //!   e.mark_echo();
+  //!   throw e;
+  bool echo() const noexcept { return echo_; }
+  void mark_echo() noexcept { echo_ = true; }
 
  protected:
   error(std::string_view kind, std::string_view message, std::string_view operation, std::source_location where)
@@ -86,6 +95,7 @@ class error : public std::runtime_error {
   std::string message_;
   std::string operation_;
   std::source_location where_;
+  bool echo_ = false;
 };
 
 //! The caller asked for something that cannot be done: a wrong size, a shard that does not

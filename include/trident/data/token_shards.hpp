@@ -213,7 +213,13 @@ class shard_loader {
     TRIDENT_EXPECT(ranks >= 1 && rank >= 0 && rank < ranks, "shard_loader: rank ", rank, " of ", ranks,
                    "; expected 0 <= rank < ranks");
     TRIDENT_EXPECT(!shards.empty(), "shard_loader: no shards given");
-    const std::size_t global = global_tokens();
+    // ranks x B x T (+ 1 for the last target) must fit in size_t; a wrapped product would pass
+    // the size checks below and later divide by zero.
+    std::size_t global = 0;
+    const bool wraps = __builtin_mul_overflow(static_cast<std::size_t>(ranks), batch, &global) ||
+                       __builtin_mul_overflow(global, seq, &global) || global == static_cast<std::size_t>(-1);
+    TRIDENT_EXPECT(!wraps, "shard_loader: a global batch of ", ranks, " ranks x B = ", batch, " x T = ", seq,
+                   " tokens overflows a 64-bit count; expected far fewer tokens per step");
     for (auto& path : shards) {
       detail::file f(path);
       shard_info info = detail::inspect(path, f);
