@@ -30,6 +30,18 @@ TEST_CASE("an error carries its message, operation and location, and what() show
   CHECK(contains(what, "test_error.cpp:" + std::to_string(line)));
 }
 
+TEST_CASE("an error that echoes another rank's failure says so, through copies and as its kind") {
+  trident::usage_error e("rank 2 failed (its error is raised there)");
+  CHECK_FALSE(e.echo());
+  e.mark_echo();
+  try {
+    throw e;
+  } catch (const trident::error& caught) {
+    CHECK(caught.echo());
+    CHECK(caught.message() == "rank 2 failed (its error is raised there)");
+  }
+}
+
 TEST_CASE("TRIDENT_EXPECT throws usage_error with the parts and the caller's line, and is lazy") {
   evaluations = 0;
   TRIDENT_EXPECT(1 + 1 == 2, "never built ", counted(1));
