@@ -239,7 +239,7 @@ class chunk_runner {
   //! over the world: save_checkpoint starts an asynchronous save (waiting for the previous
   //! one), finish_saves waits for the last, load_checkpoint loads the newest good one under
   //! `root` (any layout it was saved in), or returns nullopt when there is none (`skipped`, if
-  //! given, gets why each newer one did not load).
+  //! given, gets why each newer one did not load, where this rank found the fault).
   virtual void save_checkpoint(const std::filesystem::path& root, std::int64_t step, std::map<std::string, std::string> metadata,
                                int keep) = 0;
   virtual void finish_saves() = 0;
@@ -484,7 +484,7 @@ class gpt_rank final : public chunk_runner {
   }
   std::optional<trident::checkpoint::load_result> load_checkpoint(const std::filesystem::path& root,
                                                                   std::vector<std::string>* skipped = nullptr) override {
-    auto r = trident::checkpoint::load_latest(*world_, *z_, root, skipped);
+    auto r = trident::checkpoint::load_latest(*world_, *z_, root, skipped, /*echoes=*/false);
     if (r) send_tied_embedding();  // the last chunk's copy of the token embedding, as loaded
     return r;
   }

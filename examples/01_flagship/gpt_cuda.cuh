@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -571,7 +572,7 @@ class gpt_cuda_rank {
   }
   std::optional<trident::checkpoint::load_result> load_checkpoint(comm_type& world, const std::filesystem::path& root,
                                                                   std::vector<std::string>* skipped = nullptr) {
-    auto r = trident::checkpoint::load_latest(world, *z_, root, skipped);
+    auto r = trident::checkpoint::load_latest(world, *z_, root, skipped, /*echoes=*/false);
     if (r) send_tied_embedding();
     return r;
   }
@@ -743,7 +744,7 @@ class gpt_cuda_rank {
   device_span<float> head_gradient() { return chunks_ == 1 ? grad(wte_h_, reset(head_g_)) : head_grad_.device_handle(); }
 
   // Forward of one chunk: `in` is its input (chunk 0: unused), `out` its output (the last
-  // chunk: unused; the loss goes to loss_sum_, its gradient into the saved logits). The
+  // chunk: unused; the loss goes to loss_sum_, its gradient into final_saved). The
   // activations are kept under `key` (default: mb).
   void run_forward(chunk& ch, int mb, device_span_c in, device_span<float> out, std::optional<int> key = std::nullopt) {
     auto& saved = ch.saved[key.value_or(mb)];
@@ -776,7 +777,8 @@ class gpt_cuda_rank {
     phases_.end(ctx_.stream());
   }
 
-  // Final norm, head and loss; the loss's gradient (weight 1 / micro-batches) replaces the logits.
+  // Final norm, head and loss; the loss's gradient (weight 1 / micro-batches) replaces the logits,
+  // or under bf16_gemm goes to dlogits16 in bf16 (final_saved).
   void head_forward(const chunk& ch, int mb, device_span_c y, final_saved& f) {
     phases_.mark(ctx_.stream(), "final norm, head and loss");
     const std::size_t h = c_.hidden;
@@ -1015,7 +1017,7 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
   const std::size_t step_tokens = static_cast<std::size_t>(d) * static_cast<std::size_t>(m) * o.micro_batch * o.model.seq;
   long first = 1;
   if (o.resume)
-    first = flagship::detail::resume(train, o, step_tokens, world.rank() == 0, [&](std::vector<std::string>* skipped) {
+    first = flagship::detail::resume(train, o, step_tokens, world.rank(), [&](std::vector<std::string>* skipped) {
       return rank.load_checkpoint(world, o.checkpoint_dir, skipped);
     });
   std::vector<step_report> reports;
@@ -1091,7 +1093,9 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
       rep.val_loss = rank.eval_loss(o.eval_batches);
       rep.validated = true;
     }
-    if (o.save_every > 0 && s % o.save_every == 0) {
+    // A step whose loss is not finite is not saved: its weights may be NaN already, and a save
+    // would pass for good (and with keep_checkpoints push out an older good one).
+    if (o.save_every > 0 && s % o.save_every == 0 && std::isfinite(rep.loss)) {
       const trident::trace_span span("checkpoint", "save (the copy to host memory)");  // in the traced step's trace
       rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train, step_tokens), o.keep_checkpoints);
     }

@@ -163,6 +163,8 @@ constexpr long int_max = std::numeric_limits<int>::max(), long_max = std::numeri
 // Model and batch dimensions: bounds far above any model a machine holds, so that a typo is named
 // instead of attempted (and products of them cannot wrap).
 constexpr long dim_max = long{1} << 24;
+// Grid sizes (t, p, virtual stages): their products stay within int.
+constexpr long grid_max = long{1} << 15;
 float real(const std::string& option, const std::string& v) {
   char* end = nullptr;
   const float x = std::strtof(v.c_str(), &end);
@@ -306,14 +308,14 @@ settings build(const arguments& args, int world_size) {
   }
   auto& o = s.train;
   for (const auto& [a, v] : args) {
-    if (a == "--tensor") o.tensor = static_cast<int>(integer(a, v, 1, int_max));
-    else if (a == "--pipeline") o.pipeline = static_cast<int>(integer(a, v, 1, int_max));
-    else if (a == "--virtual") o.virtual_stages = static_cast<int>(integer(a, v, 1, int_max));
+    if (a == "--tensor") o.tensor = static_cast<int>(integer(a, v, 1, grid_max));
+    else if (a == "--pipeline") o.pipeline = static_cast<int>(integer(a, v, 1, grid_max));
+    else if (a == "--virtual") o.virtual_stages = static_cast<int>(integer(a, v, 1, grid_max));
     else if (a == "--schedule") o.schedule = v;
     else if (a == "--zero") o.zero_stage = static_cast<int>(integer(a, v, 0, 3));
     else if (a == "--steps") o.steps = integer(a, v, 0, long_max);
     else if (a == "--micro-batch") o.micro_batch = static_cast<std::size_t>(integer(a, v, 1, dim_max));
-    else if (a == "--accumulation") o.accumulation = static_cast<int>(integer(a, v, 1, int_max));
+    else if (a == "--accumulation") o.accumulation = static_cast<int>(integer(a, v, 1, dim_max));
     else if (a == "--lr") {
       o.adamw.lr = real(a, v);
       schedule_given = false;
@@ -321,7 +323,7 @@ settings build(const arguments& args, int world_size) {
       s.warmup = integer(a, v, 0, long_max);
       schedule_given = false;
     } else if (a == "--clip") o.max_grad_norm = real(a, v);
-    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(a, v, 0, long_max));
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(integer(a, v, std::numeric_limits<long>::min(), long_max));  // any bits
     else if (a == "--precision") s.precision = v;
     else if (a == "--layers") o.model.layers = static_cast<std::size_t>(integer(a, v, 1, dim_max));
     else if (a == "--hidden") o.model.hidden = static_cast<std::size_t>(integer(a, v, 1, dim_max));
@@ -351,7 +353,7 @@ settings build(const arguments& args, int world_size) {
   if (!schedule_given) {
     const bool replaced = !s.config.empty();  // --lr or --warmup: the command line's schedule, not the config's
     default_schedule(s);
-    if (replaced) s.schedule += " (--lr / --warmup replace the config's scheduler)";
+    if (replaced) s.schedule += " (--lr / --warmup replace the config's learning-rate schedule)";
   }
   TRIDENT_EXPECT(s.precision == "fp32" || s.precision == "bf16" || s.precision == "fp16",
                  "flagship: --precision ", s.precision, "; expected fp32, bf16 or fp16");
@@ -397,6 +399,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   const auto& o = s.train;
   const bool speaker = world.rank() == 0;
   const int d = world.size() / (o.tensor * o.pipeline);
+  const long long micro_batches = static_cast<long long>(d) * o.accumulation;  // of B rows each, per step
   // The GPU path's GEMM math (run()'s default: fp32 for fp32, TF32 tensor cores for bf16).
   const std::string gemm = s.backend != "nccl" ? ""
                            : std::string(", GEMMs ") + trident::nn::name(o.gpu_gemm.value_or(
@@ -404,7 +407,7 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
   if (speaker)
     std::printf("trident %s flagship: GPT %zu layers, hidden %zu, %zu heads, seq %zu, vocab %zu = %.2fM parameters\n"
                 "  %d %s ranks as (data, tensor, pipeline) = (%d, %d, %d)%s, %d stage%s, schedule %s, ZeRO-%d, %s%s%s%s%s\n"
-                "  global batch %d x %zu x %zu = %d tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, %s, clip %.2f\n",
+                "  global batch %lld x %zu x %zu = %lld tokens (micro-batch %zu, accumulation %d); AdamW lr %.1e, %s, clip %.2f\n",
                 trident::version_string, o.model.layers, o.model.hidden, o.model.heads, o.model.seq, o.model.vocab,
                 static_cast<double>(o.model.parameters()) / 1e6, world.size(),
                 s.backend == "mpi" ? "MPI" : s.backend == "nccl" ? "NCCL (GPU)" : "thread", d, o.tensor,
@@ -413,8 +416,8 @@ void run(Comm& world, const settings& s, double peak_flops, Train&& train) {
                 o.model.recompute == flagship::recompute_mode::none ? "" : ", recompute ",
                 o.model.recompute == flagship::recompute_mode::none ? "" : flagship::name_of(o.model.recompute),
                 o.model.flash_bf16 ? ", flash attention (bf16 tiles)" : o.model.flash_attention ? ", flash attention" : "",
-                gemm.c_str(), d * o.accumulation, o.micro_batch,
-                o.model.seq, d * o.accumulation * static_cast<int>(o.micro_batch * o.model.seq), o.micro_batch, o.accumulation,
+                gemm.c_str(), micro_batches, o.micro_batch, o.model.seq, micro_batches * static_cast<long long>(o.micro_batch * o.model.seq), o.micro_batch,
+                o.accumulation,
                 static_cast<double>(o.adamw.lr), s.schedule.c_str(), static_cast<double>(o.max_grad_norm));
   if (speaker && !s.ignored.empty()) {
     std::printf("  %s: DeepSpeed keys trident does not use (ignored):", s.config.c_str());
@@ -494,17 +497,20 @@ void require_same_options(const arguments& args, int rank, int size) {
     for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     h = (h ^ 0xffu) * 1099511628211ull;  // a separator
   };
+  std::string unreadable;  // named after the exchange: every rank joins it first
   for (const auto& [k, v] : args) {
     mix(k);
     if (k == "--config") {
-      std::ifstream in(v, std::ios::binary);  // unreadable: build() names it
-      mix(std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()});
+      std::ifstream in(v, std::ios::binary);
+      if (!in) unreadable = v;
+      mix(in ? std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()} : std::string("\x01unreadable"));
     } else if (k != "--data" && k != "--out" && k != "--save") {
       mix(v);
     }
   }
   std::vector<std::uint64_t> all(static_cast<std::size_t>(size));
   MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  TRIDENT_EXPECT(unreadable.empty(), "flagship: cannot open config file '", unreadable, "' on rank ", rank);
   std::string differ;
   for (int r = 1; r < size; ++r)
     if (all[static_cast<std::size_t>(r)] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
@@ -512,9 +518,10 @@ void require_same_options(const arguments& args, int rank, int size) {
                  "(rank ", rank, " of ", size, "); every rank needs the same ones (paths to data, output and checkpoints may differ)");
 }
 
-// An MPI job's body: an error is printed here, by the rank that met it, before
-// mpi_environment's destructor ends the job with MPI_Abort (it does so while the exception
-// unwinds, so main's own handler would never print it).
+// An MPI job's body: an error is printed here, by the rank that met it. When a rank fails alone,
+// mpi_environment's destructor ends the job with MPI_Abort while the exception unwinds, so
+// main's own handler would never print it; when every rank fails alike, they finalize and
+// main returns 1.
 template <class Body>
 int on_mpi(int argc, char** argv, const arguments& args, Body&& body) {
   trident::mpi_environment env(argc, argv);

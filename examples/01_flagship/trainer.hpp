@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -294,18 +295,16 @@ inline std::map<std::string, std::string> data_position(const trident::data::sha
           {"data.step_tokens", std::to_string(step_tokens)}};
 }
 
-// --resume: loads the newest checkpoint that loads (load(&skipped) returns it, or nullopt) and
-// returns the first step to train. The speaker says which newer checkpoints were gone past and
-// why, and when there was none: a resume that quietly starts over, or quietly takes an older
-// step, looks like success.
+// --resume: loads the newest checkpoint that loads (load(&skipped) returns it, or nullopt, and
+// gives the faults this rank found) and returns the first step to train. Each rank says which
+// newer checkpoints it went past and why; rank 0 when there was none: a resume that quietly
+// starts over, or quietly takes an older step, looks like success.
 template <class Load>
-long resume(trident::data::shard_loader& train, const train_options& o, std::size_t step_tokens, bool speaker, Load&& load) {
+long resume(trident::data::shard_loader& train, const train_options& o, std::size_t step_tokens, int rank, Load&& load) {
   std::vector<std::string> skipped;
   const auto r = load(&skipped);
-  if (speaker) {
-    for (const auto& why : skipped) std::fprintf(stderr, "train: --resume went past a checkpoint: %s\n", why.c_str());
-    if (!r) std::fprintf(stderr, "train: no checkpoint to resume from in '%s'; training from step 1\n", o.checkpoint_dir.c_str());
-  }
+  for (const auto& why : skipped) std::fprintf(stderr, "train: rank %d: --resume went past a checkpoint: %s\n", rank, why.c_str());
+  if (!r && rank == 0) std::fprintf(stderr, "train: no checkpoint to resume from in '%s'; training from step 1\n", o.checkpoint_dir.c_str());
   if (!r) return 1;
   resume_data(train, r->metadata, r->step, step_tokens);
   return r->step + 1;
@@ -364,7 +363,7 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
   const std::size_t step_tokens = static_cast<std::size_t>(d) * static_cast<std::size_t>(m) * o.micro_batch * o.model.seq;
   long first = 1;
   if (o.resume)
-    first = resume(train, o, step_tokens, world.rank() == 0, [&](std::vector<std::string>* skipped) {
+    first = resume(train, o, step_tokens, world.rank(), [&](std::vector<std::string>* skipped) {
       return rank.load_checkpoint(o.checkpoint_dir, skipped);
     });
   std::vector<step_report> reports;
@@ -434,7 +433,9 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       rep.val_loss = share_from_last_stage(grid, last ? vsum / o.eval_batches : 0.0, last);
       rep.validated = true;
     }
-    if (o.save_every > 0 && s % o.save_every == 0) {
+    // A step whose loss is not finite is not saved: its weights may be NaN already, and a save
+    // would pass for good (and with keep_checkpoints push out an older good one).
+    if (o.save_every > 0 && s % o.save_every == 0 && std::isfinite(rep.loss)) {
       const trident::trace_span span("checkpoint", "save (the copy to host memory)");  // in the traced step's trace
       rank.save_checkpoint(o.checkpoint_dir, s, data_position(train, step_tokens), o.keep_checkpoints);
     }

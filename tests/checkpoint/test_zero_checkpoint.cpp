@@ -135,6 +135,12 @@ TEST_CASE("checkpoint: broken checkpoints are named, and load_latest falls back 
     CHECK(r->step == 2);  // 4 is corrupt, 3 incomplete (not listed: no MANIFEST)
     CHECK(skipped.size() == 1);
     CHECK(z.steps_taken() == 2);
+    // Without echoes only the rank that found the fault (rank 1: its file) has a reason.
+    std::vector<std::string> found;
+    REQUIRE(ck::load_latest(comm, z, root, &found, /*echoes=*/false).has_value());
+    INFO("rank ", comm.rank(), " found: ", found.empty() ? std::string("nothing") : found[0]);
+    CHECK(found.size() == (comm.rank() == 1 ? 1u : 0u));
+    if (comm.rank() == 1 && !found.empty()) CHECK(found[0].find("rank_00001.safetensors") != std::string::npos);
   });
   // Another precision, another model: refused, naming what differs.
   local_world::run(2, [&](local_comm& comm) {

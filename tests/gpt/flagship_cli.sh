@@ -44,6 +44,7 @@ tiny=(--layers 2 --hidden 32 --heads 2 --seq 16 --micro-batch 2 --accumulation 1
 # Integers out of range: negative sizes once wrapped to huge ones, wide values were cut.
 expect 1 "--layers -2 is out of range; expected an integer in [1, 16777216]" -- "$flagship" "${tiny[@]}" --layers -2
 expect 1 "--tensor 4294967298 is out of range" -- "$flagship" "${tiny[@]}" --tensor 4294967298
+expect 1 "--tensor 65536 is out of range; expected an integer in [1, 32768]" -- "$flagship" "${tiny[@]}" --tensor 65536 --pipeline 65536
 expect 1 "--steps 99999999999999999999999 is out of range" -- "$flagship" "${tiny[@]}" --steps 99999999999999999999999
 expect 1 "--micro-batch 4611686018427387904 is out of range" -- "$flagship" "${tiny[@]}" --micro-batch 4611686018427387904
 expect 1 "--zero 4 is out of range; expected an integer in [0, 3]" -- "$flagship" "${tiny[@]}" --zero 4
@@ -67,7 +68,7 @@ JSON
 expect 1 "cannot write the trace to '$work/none/trace.json'" -- "$flagship" --config "$work/bad_trace.json" --ranks 2 --out "$work/out"
 sed 's|"trace": "[^"]*"|"loss_csv": "'"$work"'/l.csv"|' "$work/bad_trace.json" >"$work/good.json"
 expect 0 "WarmupLR ($work/good.json)" -- "$flagship" --config "$work/good.json" --ranks 2 --out "$work/out"
-expect 0 "warm-up 1 then cosine|--lr / --warmup replace the config's scheduler" -- \
+expect 0 "warm-up 1 then cosine|--lr / --warmup replace the config's learning-rate schedule" -- \
   "$flagship" --config "$work/good.json" --ranks 2 --out "$work/out" --lr 1e-3 --warmup 1
 
 # --resume says what it did: nothing to resume from, a newer checkpoint gone past (a truncated
@@ -97,9 +98,9 @@ if [[ -n $mpiexec ]]; then
     "$mpiexec" --oversubscribe -n 1 "$flagship" --backend mpi "${tiny[@]}" --steps 3 : -n 1 "$flagship" --backend mpi "${tiny[@]}" --steps 5
   expect 0 "loss " -- "${mpi[@]}" "$flagship" --backend mpi "${tiny[@]}" --steps 2
 fi
-rm -rf "$work"
 if ((failures > 0)); then
-  echo "gpt.cli: $failures case(s) failed"
+  echo "gpt.cli: $failures case(s) failed (their files are kept in $work)"
   exit 1
 fi
+rm -rf "$work"
 echo "gpt.cli: every case as expected"

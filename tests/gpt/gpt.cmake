@@ -35,12 +35,14 @@ trident_add_test(gpt.precision SOURCES gpt/test_gpt_precision.cpp LIBRARIES trid
 # range, a diverging run, and under MPI an error's message and ranks started differently.
 if(TARGET flagship)
   set(cli_mpiexec "")
+  set(cli_labels gpt local)
   if(TARGET trident::mpi)
     set(cli_mpiexec "${MPIEXEC_EXECUTABLE}")
+    list(APPEND cli_labels mpi)
   endif()
   add_test(NAME gpt.cli COMMAND bash "${CMAKE_CURRENT_SOURCE_DIR}/gpt/flagship_cli.sh" $<TARGET_FILE:flagship>
                                 "${CMAKE_CURRENT_BINARY_DIR}/gpt_cli" "${cli_mpiexec}")
-  set_tests_properties(gpt.cli PROPERTIES LABELS "gpt;local" TIMEOUT 600 PROCESSORS 2)
+  set_tests_properties(gpt.cli PROPERTIES LABELS "${cli_labels}" TIMEOUT 600 PROCESSORS 2)
 endif()
 if(TARGET trident::mpi)
   trident_add_test(gpt.mpi SOURCES gpt/test_gpt_mpi.cpp LIBRARIES trident_test_gpt trident::mpi MPI_RANKS 4 LABELS gpt mpi)

@@ -1066,8 +1066,10 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
     for (std::size_t r = 0; r < verdicts.size(); ++r)
       if (verdicts[r] != 0) {
         if (static_cast<int>(r) == comm.rank()) throw corrupt_checkpoint(why);
-        throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", listed[verdicts[r] - 1].first, " is corrupt or missing (rank ", r,
-                                        " verified it and raises the details)"));
+        corrupt_checkpoint echo(concat("checkpoint ", dir.string(), ": ", listed[verdicts[r] - 1].first, " is corrupt or missing (rank ", r,
+                                       " verified it and raises the details)"));
+        echo.mark_echo();
+        throw echo;
       }
   };
   opened_checkpoint c;
@@ -1216,12 +1218,13 @@ load_result load(Comm& comm, Zero& zero, const std::filesystem::path& dir) {
 }
 
 //! Loads the newest checkpoint under `root` that verifies and loads, going past broken ones
-//! (corrupt_checkpoint: a save cut short, a corrupt file; their messages go to `skipped`);
-//! nullopt when there is none. Any other failure (another model or precision) is raised.
-//! Collective.
+//! (corrupt_checkpoint: a save cut short, a corrupt file; their messages go to `skipped`: on a
+//! rank that did not find the fault, the echo naming the rank that did, unless `echoes` is
+//! false); nullopt when there is none. Any other failure (another model or precision) is
+//! raised. Collective.
 template <communicator Comm, class Zero>
 std::optional<load_result> load_latest(Comm& comm, Zero& zero, const std::filesystem::path& root,
-                                       std::vector<std::string>* skipped = nullptr) {
+                                       std::vector<std::string>* skipped = nullptr, bool echoes = true) {
   // Rank 0's listing is everyone's: ranks must try the same directories in the same order.
   std::vector<std::filesystem::path> found;
   if (comm.rank() == 0) found = checkpoints(root);
@@ -1238,9 +1241,9 @@ std::optional<load_result> load_latest(Comm& comm, Zero& zero, const std::filesy
     try {
       return load(comm, zero, dir);
     } catch (const corrupt_checkpoint& e) {
-      if (skipped) skipped->push_back(e.what());
+      if (skipped && (echoes || !e.echo())) skipped->push_back(e.what());
     } catch (const format_error& e) {  // a rank file that is not safetensors (this rank found it)
-      if (skipped) skipped->push_back(e.what());
+      if (skipped && (echoes || !e.echo())) skipped->push_back(e.what());
     }
   }
   return std::nullopt;

@@ -441,8 +441,12 @@ class local_comm : public collectives<local_comm, host_space> {
     return peer >= 0 && world().left[static_cast<std::size_t>(group_->ranks[static_cast<std::size_t>(peer)])].load(
                             std::memory_order_acquire);
   }
+  // Another rank's failure, as seen from this one: an echo (error::echo), which local_world::run
+  // reports only when no rank raised anything else.
   error aborted_error(std::string_view what) const {
-    return error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
+    error e(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
+    e.mark_echo();
+    return e;
   }
   void wait_progress(int peer, std::uint64_t seq, std::uint64_t steps, std::string_view what) const {
     const std::uint64_t target = seq * detail::step_space + steps;
@@ -782,7 +786,7 @@ class local_comm : public collectives<local_comm, host_space> {
     while (!ready()) {
       if (world().aborted.load(std::memory_order_acquire)) {
         withdraw_sends_locked(lock);
-        throw error(detail::concat(what, " on rank ", rank_, ": aborted because ", world().describe()));
+        throw aborted_error(what);
       }
       if (peer_left(peer)) {
         withdraw_sends_locked(lock);

@@ -406,8 +406,8 @@ class vocab_parallel_cross_entropy {
     TRIDENT_EXPECT(max_.size() == n, who, ": expected a forward() over the same ", n,
                    " rows first (it keeps each row's statistics); the last one had ", max_.size());
     if constexpr (!std::is_same_v<Out, float>) {  // rows are written in any order: an overlap would be read after it is written
-      const auto* in = reinterpret_cast<const char*>(logits.data());
-      const auto* out = reinterpret_cast<const char*>(dlogits.data());
+      const auto in = reinterpret_cast<std::uintptr_t>(logits.data());
+      const auto out = reinterpret_cast<std::uintptr_t>(dlogits.data());
       TRIDENT_EXPECT(out + dlogits.size() * sizeof(Out) <= in || in + logits.size() * sizeof(float) <= out, who,
                      ": bf16 dlogits must not overlap the logits");
     }
