@@ -191,7 +191,7 @@ class diloco {
   ~diloco() {
     for (auto& f : flights_) {
       try {
-        if (f.request) f.request->wait();
+        f.request.wait();
       } catch (...) {
       }
     }
@@ -209,12 +209,13 @@ class diloco {
       const std::int64_t offset = static_cast<std::int64_t>(p) * o_.inner_steps / o_.fragments;
       if (t_ < std::max<std::int64_t>(offset, 1) || (t_ - offset) % o_.inner_steps != 0) continue;
       const auto [begin, end] = mine(p);
-      flight f{p, t_ + o_.overlap, space_span<float, space>(deltas_[static_cast<std::size_t>(p)].data(), end - begin), {}};
-      gather(begin, end, f.delta.data());
-      engine<space>::pseudo_gradient(*across_, f.delta.data(), global_.data() + begin, end - begin);
+      space_span<float, space> delta(deltas_[static_cast<std::size_t>(p)].data(), end - begin);
+      gather(begin, end, delta.data());
+      engine<space>::pseudo_gradient(*across_, delta.data(), global_.data() + begin, end - begin);
       engine<space>::mark(*across_, read.emplace());  // before the all-reduce: waiting for it leaves that in flight
-      f.request.emplace(across_->all_reduce_async(f.delta, reduce_op::avg));
-      flights_.push_back(std::move(f));
+      // A flight exists only with its request (no empty state to test, and none for GCC's
+      // -Wmaybe-uninitialized to see through a moved std::optional at -O3).
+      flights_.push_back(flight{p, t_ + o_.overlap, delta, across_->all_reduce_async(delta, reduce_op::avg)});
     }
     // The next inner step may write the parameters as soon as this returns: their reading must
     // be done (on a device it is queued on this communicator's stream).
@@ -250,7 +251,7 @@ class diloco {
     int fragment;
     std::int64_t apply_at;
     space_span<float, space> delta;  // this rank's part of the fragment, in deltas_ (one outer step per H inner ones)
-    std::optional<request_type> request;
+    request_type request;
   };
 
   // This rank's part of fragment p: all of it, or its 1/k (padded to k equal chunks) inside a
@@ -268,7 +269,7 @@ class diloco {
   }
 
   void apply(flight& f) {
-    f.request->wait();
+    f.request.wait();
     const auto [lo, hi] = mine(f.fragment);
     auto& count = outer_steps_[static_cast<std::size_t>(f.fragment)];
     engine<space>::outer_step(*across_, o_.outer, global_.data() + lo, f.delta.data(), momentum_.data() + lo, hi - lo, ++count);
