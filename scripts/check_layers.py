@@ -4,7 +4,8 @@
 Every header under include/trident/ belongs to the layer of its top folder; LAYERS lists them
 lowest first. A header may include its own layer or a lower one, never a higher one; kernels
 (.cuh) live in a cuda/ subfolder and are never included by host headers; every folder and every
-header is named in docs/ARCHITECTURE.md. Run by ctest as packaging.layers; exits 1 on a problem.
+header is named in docs/ARCHITECTURE.md; every host header (no "// trident-requires:" line, not
+.cuh) is reachable from trident.hpp through includes, or trident.hpp says it "is left out". Run by ctest as packaging.layers; exits 1 on a problem.
 A self-test on a made-up tree runs first, so a check that cannot fail fails.
 """
 import os
@@ -64,6 +65,9 @@ def check(root, doc=None):
                                     f"(order: {' < '.join(LAYERS)})")
                 if target.endswith(".cuh") and not header.endswith(".cuh"):
                     problems.append(f"{header}:{number}: a host header includes the CUDA kernel header trident/{target}")
+    umbrella_problem = check_umbrella(base, headers)
+    if umbrella_problem:
+        problems.extend(umbrella_problem)
     if doc is not None:
         with open(doc, encoding="utf-8") as f:
             text = f.read()
@@ -73,6 +77,38 @@ def check(root, doc=None):
         for header in headers:
             if header != UMBRELLA and header not in text:
                 problems.append(f"docs/ARCHITECTURE.md does not mention {header}")
+    return problems
+
+
+def check_umbrella(base, headers):
+    """Host headers that trident.hpp neither reaches through its includes nor says it leaves out."""
+    umbrella = os.path.join(base, UMBRELLA)
+    if not os.path.exists(umbrella):
+        return []
+    includes = {}
+    for header in headers:
+        with open(os.path.join(base, header), encoding="utf-8") as f:
+            text = f.read()
+        includes[header] = [m.group(1)[len("trident/"):] for m in map(INCLUDE_RE.match, text.splitlines()) if m]
+    with open(umbrella, encoding="utf-8") as f:
+        umbrella_text = f.read()
+    reached, todo = set(), [UMBRELLA]
+    while todo:
+        h = todo.pop()
+        for target in includes.get(h, []):
+            if target not in reached:
+                reached.add(target)
+                todo.append(target)
+    problems = []
+    for header in sorted(headers):
+        if header == UMBRELLA or header.endswith(".cuh") or header in reached:
+            continue
+        with open(os.path.join(base, header), encoding="utf-8") as f:
+            top = "".join(f.readline() for _ in range(6))
+        if "// trident-requires:" in top or f"{header} is left out" in umbrella_text:
+            continue
+        problems.append(f"{header}: a host header that trident.hpp does not include (add it there, or say "
+                        f"in trident.hpp why it \"is left out\")")
     return problems
 
 
@@ -89,21 +125,29 @@ def self_test():
             "parallel/data/zero.hpp": '#include "trident/comm/communicator.hpp"\n',
             "parallel/data/kernels.cuh": "",
             "mystery/thing.hpp": "",
+            "core/forgotten.hpp": "",
+            "core/gpu_only.hpp": "// trident-requires: nccl\n",
+            "core/excluded.hpp": "",
+            UMBRELLA: '#include "trident/comm/communicator.hpp"\n// core/excluded.hpp is left out: it needs a library\n',
         }
         for name, body in files.items():
             with open(os.path.join(base, name), "w", encoding="utf-8") as f:
                 f.write(body)
         doc = os.path.join(root, "ARCHITECTURE.md")
         with open(doc, "w", encoding="utf-8") as f:
-            f.write("core/ core/error.hpp core/config.hpp comm/ comm/communicator.hpp\n")
+            f.write("core/ core/error.hpp core/config.hpp comm/ comm/communicator.hpp core/forgotten.hpp "
+                    "core/gpu_only.hpp core/excluded.hpp\n")
         found = "\n".join(check(root, doc))
         expected = ["comm/communicator.hpp:2: includes trident/parallel/data/zero.hpp, from layer 'parallel' above",
                     "folder 'mystery' is not a known layer",
                     "parallel/data/kernels.cuh: CUDA kernels (.cuh) belong",
                     "does not describe the folder parallel/",
-                    "does not mention parallel/data/zero.hpp"]
+                    "does not mention parallel/data/zero.hpp",
+                    "core/forgotten.hpp: a host header that trident.hpp does not include"]
         missing = [e for e in expected if e not in found]
-        if missing or "core/error.hpp:" in found or "parallel/data/zero.hpp:" in found:
+        unexpected = ["core/error.hpp:", "parallel/data/zero.hpp:", "core/gpu_only.hpp:", "core/excluded.hpp:",
+                      "core/config.hpp:"]
+        if missing or any(u in found for u in unexpected):
             print("self-test failed; found:\n" + found + "\nmissing: " + repr(missing))
             return False
     return True

@@ -56,6 +56,7 @@
 #include "trident/nn/linear.hpp"
 #include "trident/nn/loss.hpp"
 #include "trident/nn/norm.hpp"
+#include "trident/nn/recompute.hpp"
 
 #include "trident/data/token_shards.hpp"
 
