@@ -7,7 +7,7 @@
 //   ./flagship --ranks 8 --tensor 2 --pipeline 2 --zero 3 --steps 300
 //   mpirun -np 4 ./flagship --backend mpi --tensor 2
 //   mpirun -np 4 ./flagship --backend nccl --tensor 2 --pipeline 2   one GPU per rank (gpt_cuda.cuh:
-//                                                                     fp32; 1, 2 or 4 stages)
+//                                                                     fp32 or bf16; 1, 2 or 4 stages)
 //   ./flagship --help
 //
 // It prints each rank's memory by category after the first step, a progress line per step

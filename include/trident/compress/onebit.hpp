@@ -247,7 +247,7 @@ class onebit {
 //! of steps make them 1, but after a short one the uncorrected second moment is far too small
 //! and the steps blow up (seen: NaN after a warm-up of 4 steps). A second moment still 0 at the
 //! freeze keeps learning until it is not (else a unit's first gradient after the freeze would
-//! move it by lr x m / eps: seen on the test MLP, whose dead units revive). Paired with compress::onebit{.warmup = freeze_step, .momentum = beta1}, which
+//! move it by lr x m / eps: seen on the test MLP, whose dead units revive). Paired with compress::onebit{{.warmup = freeze_step, .momentum = beta1}}, which
 //! from then on averages the first moment itself (compressed) and hands it over: the frozen
 //! variance keeps the compression noise out of the step's scale. After the freeze the gradient
 //! multiplier (clipping, loss-scale) is not applied: what arrives is the averaged momentum.

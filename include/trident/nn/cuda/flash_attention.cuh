@@ -6,7 +6,7 @@
 // Synopsis (namespace trident::nn::cuda)
 //   struct flash_attention { std::size_t seq, batch, heads, head_dim;     head_dim 32 or 64
 //     std::size_t qkv_size() const, out_size() const, lse_size() const
-//     void forward(stream, qkv, out, lse) const                  out and lse [batch, heads, seq]
+//     void forward(stream, qkv, out, lse) const                  out, and lse [batch, heads, seq]
 //     void backward(stream, qkv, out, lse, dout, delta, dqkv) const   delta: scratch, lse_size() }
 //
 // nn::causal_attention's contract and layouts (nn/attention.hpp), with forward saving each row's

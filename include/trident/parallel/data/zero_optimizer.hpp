@@ -797,7 +797,7 @@ class zero_optimizer {
   //! The fields above (waits for reductions in flight). Call between steps; after writing into
   //! them, restore_counters() makes stage 3 gather anew.
   //!
-  //!   for (auto& f : zero.state_fields()) for (auto& r : f.owned) write(f.name, layout.name(r.tensor), r, f.data);
+  //!   for (auto& f : zero.state_fields()) for (auto& r : f.owned) write(f.name, layout.name_at(r.tensor), r, f.data);
   std::vector<state_field> state_fields() {
     guarded("state_fields", [&] { finish_reductions(); });
     await_holds();  // the caller may write into them

@@ -12,7 +12,7 @@
 //                           splitting by hand would do), for comparison
 //
 //   auto part = trident::pipeline::balanced({1, 1, 4, 1, 1, 4, 1, 1}, 3);
-//   part.bounds;   // {0, 3, 6, 8}: stages [0, 3), [3, 6), [6, 8)
+//   part.bounds;   // {0, 2, 5, 8}: stages [0, 2), [2, 5), [5, 8) (the later stages start early)
 //   part.slowest;  // 6
 #include <algorithm>
 #include <cmath>
