@@ -1026,13 +1026,12 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
     // executor, the ZeRO step) on one track per rank, the compute stream's phases as the GPU ran
     // them (CUDA events) on another.
     std::optional<trident::trace_recorder> recorder, gpu_track;
-    std::optional<trident::scoped_trace> tracing;
     if (s == o.trace_step) {
       recorder.emplace(world.rank(), coordinates);
       gpu_track.emplace(world.size() + world.rank(), coordinates + " GPU");
       rank.start_timeline();
-      tracing.emplace(*recorder);
     }
+    trident::scoped_trace tracing(recorder ? &*recorder : nullptr);
     const auto start = std::chrono::steady_clock::now();
     std::optional<trident::trace_span> step_span;
     step_span.emplace("step", [&] { return "step " + std::to_string(s); });
@@ -1100,7 +1099,7 @@ std::vector<step_report> loop_cuda(trident::nccl_comm& world, trident::process_g
       rank.save_checkpoint(world, o.checkpoint_dir, s, flagship::detail::data_position(train, step_tokens), o.keep_checkpoints);
     }
     if (recorder) {
-      tracing.reset();
+      tracing.end();
       for (auto& e : rank.phases().timeline()) gpu_track->record(std::move(e.name), e.category, e.begin, e.end);
       const trident::trace_recorder* const tracks[] = {&*recorder, &*gpu_track};
       flagship::detail::write_trace(world, std::span<const trident::trace_recorder* const>(tracks), o.trace_file);

@@ -369,11 +369,8 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
   std::vector<step_report> reports;
   for (long s = first; s <= o.steps; ++s) {
     std::optional<trident::trace_recorder> recorder;
-    std::optional<trident::scoped_trace> tracing;
-    if (s == o.trace_step) {
-      recorder.emplace(world.rank(), coordinates);
-      tracing.emplace(*recorder);
-    }
+    if (s == o.trace_step) recorder.emplace(world.rank(), coordinates);
+    trident::scoped_trace tracing(recorder ? &*recorder : nullptr);
     const auto start = std::chrono::steady_clock::now();
     std::optional<trident::trace_span> step_span;
     step_span.emplace("step", [&] { return "step " + std::to_string(s); });
@@ -440,7 +437,7 @@ std::vector<step_report> loop(Comm& world, trident::process_grid<Comm>& grid, co
       rank.save_checkpoint(o.checkpoint_dir, s, data_position(train, step_tokens), o.keep_checkpoints);
     }
     if (recorder) {
-      tracing.reset();
+      tracing.end();
       const trident::trace_recorder* const tracks[] = {&*recorder};
       write_trace(world, std::span<const trident::trace_recorder* const>(tracks), o.trace_file);
     }

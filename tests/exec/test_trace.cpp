@@ -38,6 +38,24 @@ TEST_CASE("trace: spans go to the calling thread's recorder, names are built onl
   CHECK(rec.events()[0].end <= rec.events()[1].end);
 }
 
+TEST_CASE("trace: a scoped_trace from nullptr keeps the thread's recorder; end() restores it early") {
+  trident::trace_recorder outer(0), inner(1);
+  const trident::scoped_trace a(outer);
+  {
+    const trident::scoped_trace none(static_cast<trident::trace_recorder*>(nullptr));
+    CHECK(trident::current_trace() == &outer);
+  }
+  CHECK(trident::current_trace() == &outer);
+  {
+    trident::scoped_trace b(&inner);
+    CHECK(trident::current_trace() == &inner);
+    b.end();
+    CHECK(trident::current_trace() == &outer);
+    const trident::scoped_trace c(inner);  // b's destructor must not undo c
+  }
+  CHECK(trident::current_trace() == &outer);
+}
+
 TEST_CASE("trace: the Chrome trace has one named track per recorder and fixed-point microseconds") {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();

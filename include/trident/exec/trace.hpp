@@ -78,15 +78,34 @@ inline trace_recorder*& current_trace() noexcept {
 }
 
 //! Makes `r` the calling thread's recorder until the end of the scope (then the previous one).
+//! From a pointer, nullptr leaves the thread's recorder as it is: a scope that records only
+//! sometimes needs no std::optional<scoped_trace> (whose destructor GCC 12 at -O1 takes for a
+//! read of an uninitialised member, an error under -Werror).
+//!
+//! end() restores the previous recorder before the scope ends.
+//!
+//!   std::optional<trace_recorder> recorder;
+//!   scoped_trace tracing(step == traced ? &recorder.emplace(rank) : nullptr);
+//!   ...
+//!   tracing.end();  // before writing the recorder out
 class scoped_trace {
  public:
   explicit scoped_trace(trace_recorder& r) noexcept : previous_(std::exchange(current_trace(), &r)) {}
+  explicit scoped_trace(trace_recorder* r) noexcept
+      : previous_(r != nullptr ? std::exchange(current_trace(), r) : current_trace()) {}
   scoped_trace(const scoped_trace&) = delete;
   scoped_trace& operator=(const scoped_trace&) = delete;
-  ~scoped_trace() { current_trace() = previous_; }
+  ~scoped_trace() { end(); }
+  //! The previous recorder again, now (the destructor then does nothing).
+  void end() noexcept {
+    if (!active_) return;
+    current_trace() = previous_;
+    active_ = false;
+  }
 
  private:
   trace_recorder* previous_ = nullptr;
+  bool active_ = true;
 };
 
 //! Records its lifetime into the calling thread's recorder, if any. The name is built only
