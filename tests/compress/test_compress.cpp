@@ -5,8 +5,11 @@
 // without error feedback they fall short; bad input is an error.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -213,6 +216,108 @@ TEST_CASE("compress: 1-bit Adam compresses the momentum after the freeze; before
   });
   o.momentum = 1.0f;
   CHECK_THROWS_WITH_AS(compress::onebit{o}, doctest::Contains("momentum 1"), trident::usage_error);
+}
+
+TEST_CASE("compress: a step the optimizer skips (an inf on one rank) leaves no trace in the reducer's state") {
+  // Two finite steps, then step 3 with an inf on rank 0 (fp16's overflow), which the optimizer
+  // skips and reports through step_skipped, then step 3 again, finite. The retried step must
+  // reduce as a reducer that never saw the inf would: PowerSGD and 1-bit as a fresh one (their
+  // error feedback and warm start start over), 1-bit Adam's momentum as one that never saw step 3.
+  const std::vector<compress::tensor_part> parts = {{"w", 0, 16, 12}, {"v", 192, 8, 1}};
+  auto input = [](int rank, int step) {
+    std::vector<float> g(200);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(rank * 13 + step)) % 23) / 11.0f - 1.0f;
+    return g;
+  };
+  auto reduce = [&](auto& r, local_comm& c, std::vector<float>& g, std::int64_t step) {
+    r.all_reduce(c, compress::bucket_view<float, trident::host_space>{0, trident::space_span<float, trident::host_space>(g), parts,
+                                                                      trident::reduce_op::avg, step});
+  };
+  // used: steps 1, 2, 3 with the inf, skipped, 3 again; reference: `steps_before` first, then 3.
+  auto compare = [&](auto make, int steps_before, const char* what) {
+    INFO(std::string(what));
+    const auto results = local_world::run(2, [&](local_comm& c) {
+      auto used = make(), reference = make();
+      for (std::int64_t step = 1; step <= 2; ++step) {
+        auto g = input(c.rank(), static_cast<int>(step));
+        reduce(used, c, g, step);
+      }
+      auto bad = input(c.rank(), 3);
+      if (c.rank() == 0) bad[5] = std::numeric_limits<float>::infinity();
+      reduce(used, c, bad, 3);
+      bool reached = false;  // the inf went through the compressed reduction to every rank
+      for (float x : bad) reached = reached || !std::isfinite(x);
+      used.step_skipped(c);
+      for (std::int64_t step = 1; step <= steps_before; ++step) {
+        auto g = input(c.rank(), static_cast<int>(step));
+        reduce(reference, c, g, step);
+      }
+      auto again = input(c.rank(), 3), expected = again;
+      reduce(used, c, again, 3);
+      reduce(reference, c, expected, 3);
+      return std::tuple{reached, again, expected};
+    });
+    for (const auto& [reached, again, expected] : results) {
+      CHECK(reached);
+      CHECK(again == expected);
+    }
+  };
+  compress::powersgd_options p;
+  p.rank = 2;
+  p.start_iter = 0;
+  compare([&] { return compress::powersgd(p); }, 0, "powersgd");
+  compress::onebit_options b;
+  b.warmup = 0;
+  compare([&] { return compress::onebit(b); }, 0, "onebit");
+  compress::onebit_options m;
+  m.warmup = 1;  // the momentum follows the plain all-reduce at step 1, then is compressed
+  m.momentum = 0.9f;
+  m.error_feedback = false;  // the errors start over (above); this checks that the momentum does not
+  compare([&] { return compress::onebit(m); }, 2, "onebit, momentum");
+}
+
+TEST_CASE("compress: fp16 training with an overflowing step goes on with every reducer") {
+  // The loss scaler skips a step with an inf gradient on one rank; the reducer must not keep it
+  // (it did: every later step overflowed until the scale reached its minimum).
+  using trident::fp16;
+  auto steps_taken = [](auto make) {
+    return local_world::run(2, [&](local_comm& comm) {
+      trident::model_spec spec;
+      spec.add("w", {16, 16}, 0).add("b", {16}, 0);
+      trident::zero::zero_options o;
+      o.persistence_threshold = 0;
+      optim::adamw opt;
+      opt.opt.lr = 1e-3f;
+      trident::zero::zero_optimizer<0, optim::adamw, local_comm, trident::mixed_precision<fp16>> z(
+          comm, spec, opt, o, trident::dynamic_loss_scaler({.initial_scale = 1024.0, .window = 3, .hysteresis = 1}));
+      for (const auto& t : spec.tensors()) z.set_parameter(t.name, std::vector<float>(t.numel, 0.1f));
+      z.reduce_gradients_with(make());
+      int skipped = 0;
+      for (int step = 0; step < 12; ++step) {
+        for (const auto& t : spec.tensors()) {
+          auto g = z.gradients(z.handle(t.name));
+          for (std::size_t i = 0; i < g.size(); ++i) g.data()[i] = static_cast<fp16>(0.01f * z.loss_scale() * static_cast<float>(i % 7 + 1));
+          if (step == 3 && comm.rank() == 0 && t.name == "w") g.data()[0] = static_cast<fp16>(std::numeric_limits<float>::infinity());
+        }
+        z.release(0);
+        z.grad_ready(0);
+        if (!z.step().applied) ++skipped;
+      }
+      bool finite = true;
+      for (float x : z.full_master()) finite = finite && std::isfinite(x);
+      return std::tuple{skipped, z.steps_taken(), finite};
+    })[0];
+  };
+  compress::powersgd_options p;
+  p.rank = 1;
+  p.start_iter = 0;
+  compress::onebit_options b;
+  b.warmup = 0;
+  for (const auto& [skipped, taken, finite] : {steps_taken(maker<compress::powersgd>(p)), steps_taken(maker<compress::onebit>(b))}) {
+    CHECK(skipped == 1);
+    CHECK(taken == 11);
+    CHECK(finite);
+  }
 }
 
 TEST_CASE("compress: every rank holds the same parameters with every reducer") {

@@ -32,6 +32,7 @@
 //   zero.reduce_gradients_with(std::make_shared<trident::compress::onebit>(o));
 #include <array>
 #include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -117,6 +118,25 @@ class onebit {
   }
   const onebit_options& options() const noexcept { return o_; }
 
+  //! The optimizer skipped this step (an inf/NaN gradient on some rank): the error feedback goes
+  //! back to 0 and 1-bit Adam's momentum to what it was before the step (the optimizer's first
+  //! moment did not move either), so that the step may come again. Kept, one inf would be in every
+  //! later step's errors and momentum.
+  template <class Comm>
+  void step_skipped(Comm& comm) {
+    using space = typename Comm::space;
+    for (bucket& s : buckets_) {
+      if constexpr (!space::host_accessible) {
+        if constexpr (requires { sizeof(onebit_engine<space>); }) onebit_engine<space>::step_skipped(comm, o_, s.device);
+      } else {
+        std::fill(s.worker.begin(), s.worker.end(), 0.0f);
+        std::fill(s.server.begin(), s.server.end(), 0.0f);
+        if (o_.momentum > 0.0f) s.m = s.m_before;
+      }
+      s.last_step = 0;
+    }
+  }
+
   template <class Comm, class T>
   void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
     using space = typename Comm::space;
@@ -141,12 +161,14 @@ class onebit {
   struct bucket {
     std::int64_t iter = 0, last_step = 0;
     std::vector<float> worker, server, m;
+    std::vector<float> m_before;    // momentum mode: m as the last step found it (step_skipped)
     std::shared_ptr<void> device;  // on a device: the engine's buffers (errors, momentum, scratch)
   };
 
   template <class Comm, class T>
   void host_all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b, bucket& s, bool warming) {
     const bool momentum = o_.momentum > 0.0f;
+    if (momentum) s.m_before = s.m;
     if (warming) {
       space_span<T, typename Comm::space> data = b.data;
       comm.all_reduce(data, b.op);

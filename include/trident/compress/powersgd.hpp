@@ -199,6 +199,20 @@ class powersgd {
   std::uint64_t numel_before() const noexcept { return before_; }
   std::uint64_t numel_after() const noexcept { return after_; }
 
+  //! The optimizer skipped this step (an inf/NaN gradient on some rank): every bucket starts
+  //! afresh, its error feedback 0 and its Q the random start again, as after a change of layout.
+  //! Kept, the non-finite values would be in every later step's M and Q.
+  template <class Comm>
+  void step_skipped(Comm&) {
+    for (bucket& s : buckets_) {
+      s.error.clear();
+      s.q.clear();
+      s.compressed.clear();
+      s.whole.clear();
+      s.device.reset();  // the device engine's buffers: made again, zeroed, at the next reduction
+    }
+  }
+
   template <class Comm, class T>
   void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b) {
     using space = typename Comm::space;

@@ -5,6 +5,7 @@
 //   struct compress::tensor_part             one tensor of a bucket, as a rows x cols matrix
 //   struct compress::bucket_view<T, Space>   a bucket's gradients to reduce in place, its tensors
 //   concept compress::gradient_reducer       how a type opts in: all_reduce(comm, bucket)
+//   concept compress::stateful_reducer       one with state also has step_skipped(comm)
 //   struct compress::exact                   the plain all_reduce (the baseline)
 //   compress::cast<Half>                     compress/cast.hpp: fp16/bf16 on the wire
 //   compress::powersgd                       compress/powersgd.hpp: low rank, error feedback
@@ -18,7 +19,11 @@
 // A type opts in with a member
 //   template <class Comm> void all_reduce(Comm& comm, const bucket_view<T, typename Comm::space>& b);
 // that leaves in b.data, on every rank, (an approximation of) b.op (sum or avg) over the ranks'
-// b.data. The reducers here work on host memory (thread ranks, MPI) and on a device (nccl_comm,
+// b.data. A reducer that keeps state across steps also has
+//   template <class Comm> void step_skipped(Comm& comm);      (concept stateful_reducer)
+// which the optimizer calls on every rank when it skips a step for an inf/NaN gradient (fp16's
+// loss scaling): the reducer forgets what that step's buckets taught it, so that the non-finite
+// values do not poison every later step. The reducers here work on host memory (thread ranks, MPI) and on a device (nccl_comm,
 // with compress/cuda/cast.cuh, compress/cuda/onebit.cuh and compress/cuda/powersgd.cuh).
 #include <cstddef>
 #include <span>
@@ -60,6 +65,11 @@ template <class R, class Comm, class T>
 concept gradient_reducer = communicator<Comm> && requires(R& r, Comm& c, const bucket_view<T, typename Comm::space>& b) {
   r.all_reduce(c, b);
 };
+
+//! A reducer with state across steps (error feedback, warm starts, momentum): step_skipped(comm)
+//! makes it forget the step that the optimizer skipped (see the header comment).
+template <class R, class Comm>
+concept stateful_reducer = communicator<Comm> && requires(R& r, Comm& c) { r.step_skipped(c); };
 
 //! The plain all-reduce, through the same hook (the baseline the others are measured against).
 struct exact {

@@ -181,6 +181,7 @@ struct bucket_state {
   int ranks = 0;
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // [bucket offset, elements) of tensor data, merged
   buffer<float, cuda_space> worker, server, m, x, y, out, scale, scales, server_scale, server_scales;
+  buffer<float, cuda_space> m_before;  // momentum mode: m as the last step found it (step_skipped)
   buffer<std::uint8_t, cuda_space> signs, theirs, server_signs, all_signs;
   buffer<double, cuda_space> sums;
 };
@@ -199,6 +200,10 @@ struct onebit_engine<cuda_space> {
     constexpr int block = 256;
     auto grid = [](std::size_t n) { return cuda::grid_for(n == 0 ? 1 : n, block); };
     const std::size_t size = s.size;
+    if (momentum) {  // kept for step_skipped: a skipped step's momentum is undone
+      if (s.m_before.size() != size) s.m_before = buffer<float, cuda_space>(size == 0 ? 1 : size, mem_category::communication);
+      TRIDENT_CUDA_CHECK(cudaMemcpyAsync(s.m_before.data(), s.m.data(), size * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    }
     if (warming) {
       space_span<T, cuda_space> data = b.data;
       comm.all_reduce(data, b.op);
@@ -254,6 +259,19 @@ struct onebit_engine<cuda_space> {
     od::finish_kernel<<<grid(size), block, 0, stream>>>(s.out.data(), s.m.data(), b.data.data(), size,
                                                         static_cast<float>(s.ranks), b.op == reduce_op::sum, o.momentum, momentum);
     TRIDENT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  //! compress::onebit::step_skipped on a device: the errors back to 0 and the momentum back to
+  //! what it was before the step, on the communicator's stream.
+  template <class Comm>
+  static void step_skipped(Comm& comm, const onebit_options& o, std::shared_ptr<void>& held) {
+    auto* s = static_cast<onebit_detail::bucket_state*>(held.get());
+    if (s == nullptr) return;
+    const cudaStream_t stream = onebit_detail::stream_of(comm);
+    TRIDENT_CUDA_CHECK(cudaMemsetAsync(s->worker.data(), 0, s->worker.size() * sizeof(float), stream));
+    TRIDENT_CUDA_CHECK(cudaMemsetAsync(s->server.data(), 0, s->server.size() * sizeof(float), stream));
+    if (o.momentum > 0.0f && s->m_before.size() == s->m.size())
+      TRIDENT_CUDA_CHECK(cudaMemcpyAsync(s->m.data(), s->m_before.data(), s->size * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   }
 
  private:

@@ -578,6 +578,7 @@ class zero_optimizer {
     TRIDENT_EXPECT(pending_reduce_.empty(), "reduce_gradients_with: reductions are in flight; call it between steps");
     if (!reducer) {
       reducer_ = nullptr;
+      reducer_skipped_ = nullptr;
       return;
     }
     if (bucket_tensors_.empty()) {
@@ -589,6 +590,8 @@ class zero_optimizer {
         bucket_tensors_[p.bucket].push_back({t.name, p.offset - layout_.buckets()[p.bucket].begin, rows, t.numel / rows});
       }
     }
+    if constexpr (compress::stateful_reducer<R, Comm>) reducer_skipped_ = [r = reducer](Comm& comm) { r->step_skipped(comm); };
+    else reducer_skipped_ = nullptr;
     reducer_ = [r = std::move(reducer)](Comm& comm, const compress::bucket_view<half_type, space>& b) { r->all_reduce(comm, b); };
   }
 
@@ -652,6 +655,10 @@ class zero_optimizer {
     if (model_parallel_ != nullptr) agree_across_model(reports, norm_squared, overflow);
     check_reports(reports);  // the same usage_error on every rank if any rank misbehaved
     const double norm = std::sqrt(norm_squared);
+    // A skipped step's gradients must not live on in a reducer's state (error feedback, warm
+    // start, momentum): one inf there would overflow every later step. Before the scaler, which
+    // may throw at its minimum scale.
+    if (overflow && reducer_skipped_) guarded("step", [&] { reducer_skipped_(*comm_); });
     const bool applied = scaler_.update(overflow);
     await_holds();  // the state changes from here: an asynchronous checkpoint must have copied it
 
@@ -1937,6 +1944,7 @@ class zero_optimizer {
   std::vector<bool> bucket_live_;                       // stages 2-3: the buffer holds this micro-batch's gradients
   std::vector<pending> pending_reduce_;
   std::function<void(Comm&, const compress::bucket_view<half_type, space>&)> reducer_;  // empty: the plain reduction
+  std::function<void(Comm&)> reducer_skipped_;  // the reducer's step_skipped, if it has one
   std::vector<std::vector<compress::tensor_part>> bucket_tensors_;                       // for the reducer, per bucket
   std::vector<buffer<half_type, space>> gathered_;  // stage 3: full buckets, while gathered (checked mode: for good)
   std::vector<bool> is_gathered_;                   // gathered or being gathered (pending_gather_)
