@@ -163,6 +163,17 @@ TEST_CASE("checkpoint: broken checkpoints are named, and load_latest falls back 
     CHECK_THROWS_WITH_AS(ck::load(comm, f, root / "step_00000002"), doctest::Contains("holds tensors that no rank's model has: ln"),
                          trident::usage_error);
   });
+  // A rank file the MANIFEST lists but the disk lacks: corrupt (it was an I/O error that
+  // load_latest passed on instead of going past the checkpoint).
+  fs::remove(root / "step_00000002" / "rank_00001.safetensors");
+  local_world::run(2, [&](local_comm& comm) {
+    optimizer_t<2, trident::full_precision> z(comm, toy_spec(), adamw(), options());
+    CHECK_THROWS_WITH_AS(ck::load(comm, z, root / "step_00000002"), doctest::Contains("rank_00001.safetensors is missing"),
+                         ck::corrupt_checkpoint);
+    std::vector<std::string> skipped;
+    CHECK(!ck::load_latest(comm, z, root, &skipped).has_value());  // 4 corrupt, 3 incomplete, 2 missing a file
+    CHECK(skipped.size() == 2);
+  });
   fs::remove_all(root.parent_path());
 }
 

@@ -982,7 +982,13 @@ inline opened_checkpoint open_checkpoint(const std::filesystem::path& dir, const
   for (const auto& [f, h] : manifest)
     if (f != "index.json") c.files.push_back(f);
   c.opened.reserve(c.files.size());
-  for (const auto& f : c.files) c.opened.emplace_back(dir / f);
+  for (const auto& f : c.files) {
+    // A listed file that is gone is a damaged checkpoint (load_latest goes past it), not an I/O
+    // error of this machine.
+    if (!std::filesystem::is_regular_file(dir / f))
+      throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": ", f, " is missing (its MANIFEST lists it)"));
+    c.opened.emplace_back(dir / f);
+  }
   const auto first = std::find(c.files.begin(), c.files.end(), rank_file(0));
   if (first == c.files.end()) throw corrupt_checkpoint(concat("checkpoint ", dir.string(), ": no ", rank_file(0)));
   c.meta0 = c.opened[static_cast<std::size_t>(first - c.files.begin())].header().metadata;
