@@ -379,5 +379,27 @@ TEST_CASE("compress: bad options and a reducer swapped mid-step are usage errors
     z.step();
     z.reduce_gradients_with(std::make_shared<compress::exact>());  // between steps: fine
   });
+  // A bucket whose tensor runs past its data (it was read and written out of bounds), and one
+  // whose rows x cols overflows.
+  local_world::run(2, [](local_comm& comm) {
+    std::vector<float> g(16, 1.0f);
+    const std::vector<compress::tensor_part> past = {{"w", 8, 4, 4}};
+    const std::vector<compress::tensor_part> huge = {{"w", 0, std::size_t{1} << 33, std::size_t{1} << 33}};
+    for (const auto* parts : {&past, &huge}) {
+      const compress::bucket_view<float, trident::host_space> b{0, trident::space_span<float, trident::host_space>(g), *parts,
+                                                                trident::reduce_op::avg, 1};
+      compress::powersgd p({.start_iter = 0});
+      compress::onebit o({.warmup = 0});
+      CHECK_THROWS_WITH_AS(p.all_reduce(comm, b), doctest::Contains("does not fit in the bucket's 16 elements"), trident::usage_error);
+      CHECK_THROWS_WITH_AS(o.all_reduce(comm, b), doctest::Contains("does not fit in the bucket's 16 elements"), trident::usage_error);
+    }
+  });
+  // 1-bit Adam's step checks its sizes as every optimizer does.
+  std::vector<float> params(8, 1.0f), grads(2, 0.5f), m(3), v(8);
+  CHECK_THROWS_WITH_AS(compress::onebit_adam{}.step(std::span<float>(params), grads, {std::span<float>(m), std::span<float>(v)}, 1),
+                       doctest::Contains("8 parameters but 2 gradients"), trident::usage_error);
+  grads.resize(8);
+  CHECK_THROWS_WITH_AS(compress::onebit_adam{}.step(std::span<float>(params), grads, {std::span<float>(m), std::span<float>(v)}, 1),
+                       doctest::Contains("state 0 has 3 elements, expected 8"), trident::usage_error);
 }
 

@@ -30,9 +30,9 @@
 //   trident::compress::onebit_options o;
 //   o.warmup = 50;
 //   zero.reduce_gradients_with(std::make_shared<trident::compress::onebit>(o));
+#include <algorithm>
 #include <array>
 #include <cmath>
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +42,7 @@
 
 #include "trident/compress/reducer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/optim/optimizers.hpp"
 
 namespace trident::compress {
 
@@ -143,6 +144,7 @@ class onebit {
     if constexpr (!space::host_accessible)
       static_assert(requires { sizeof(onebit_engine<space>); },
                     "trident::compress::onebit on device memory: include <trident/compress/cuda/onebit.cuh> (compiled by nvcc)");
+    detail::check_bucket(b, "compress::onebit");
     bucket& s = state(b.index);
     const bool momentum = o_.momentum > 0.0f;
     TRIDENT_EXPECT(!momentum || b.op == reduce_op::avg, "compress::onebit: 1-bit Adam's momentum is an average; the optimizer "
@@ -296,6 +298,11 @@ struct onebit_adam {
                        opt.beta2 < 1 && opt.freeze_step >= 0,
                    "compress::onebit_adam: lr ", opt.lr, ", betas (", opt.beta1, ", ", opt.beta2, "), eps ", opt.eps, ", weight_decay ",
                    opt.weight_decay, ", freeze_step ", opt.freeze_step, "; expected lr, eps, weight_decay >= 0, betas in [0, 1)");
+    // The sizes (and no overlap between the arrays written), as every optimizer checks them.
+    optim::detail::check_step<Grad, Working, state_count>("compress::onebit_adam", params.data(), params.size(), grads.data(),
+                                                          grads.size(), {state[0].data(), state[1].data()},
+                                                          {state[0].size(), state[1].size()}, state_count, working_copy.data(),
+                                                          working_copy.size(), step_number);
     const bool frozen = step_number > opt.freeze_step;
     const float multiplier = frozen ? 1.0f : grad_multiplier;
     const std::int64_t v_steps = std::min(step_number, opt.freeze_step);

@@ -219,6 +219,7 @@ class powersgd {
     if constexpr (!space::host_accessible)
       static_assert(requires { sizeof(powersgd_engine<space>); },
                     "trident::compress::powersgd on device memory: include <trident/compress/cuda/powersgd.cuh> (compiled by nvcc)");
+    detail::check_bucket(b, "compress::powersgd");
     bucket& s = state(b.index);
     if ((b.step > 0 ? b.step - 1 : s.iter) < o_.start_iter) {  // steps before this one (or calls)
       ++s.iter;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "trident/comm/communicator.hpp"
+#include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
 #include "trident/core/space_span.hpp"
 
@@ -93,6 +94,16 @@ std::vector<float> floats_of(const bucket_view<T, Space>& b) {
   std::vector<float> v(b.data.size());
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(b.data.data()[i]);
   return v;
+}
+//! Every tensor of the bucket lies inside its data (the reducers index the data with them).
+template <class T, memory_space Space>
+void check_bucket(const bucket_view<T, Space>& b, const char* who) {
+  for (const tensor_part& t : b.tensors) {
+    std::size_t n = 0;
+    const bool fits = !__builtin_mul_overflow(t.rows, t.cols, &n) && t.offset <= b.data.size() && n <= b.data.size() - t.offset;
+    TRIDENT_EXPECT(fits, who, ": bucket ", b.index, "'s tensor '", t.name, "' (", t.rows, " x ", t.cols, " at offset ", t.offset,
+                   ") does not fit in the bucket's ", b.data.size(), " elements");
+  }
 }
 template <class T, memory_space Space>
 void store(const bucket_view<T, Space>& b, std::span<const float> v) {
