@@ -67,6 +67,13 @@ TEST_CASE("sharding: bad input is a usage_error that names what was expected") {
   // Sizes whose padding would wrap std::size_t are refused, not wrapped to a zero quantum.
   CHECK_THROWS_AS(sharding::split({~std::size_t{0}}, 0, 1 << 30, std::size_t{1} << 40), trident::usage_error);
   CHECK_THROWS_AS(sharding::split({~std::size_t{0} - 1}, 0, 4), trident::usage_error);  // 2^64 - 2 up to 2^64
+  // A shape whose element count wraps (2^62 x 8 was 0 elements), and one whose padding does.
+  CHECK_THROWS_WITH_AS(sharding::replicated({std::size_t{1} << 62, 8}), doctest::Contains("more elements than std::size_t counts"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS(sharding::split_exact({8, std::size_t{1} << 62}, 0, 2), doctest::Contains("more elements than"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS(sharding::split({3, std::size_t{1} << 62}, 0, 4), doctest::Contains("overflow std::size_t in all"),
+                       trident::usage_error);
   const auto s = sharding::split({10}, 0, 4);
   CHECK_THROWS_WITH_AS((void)s.owned(4), doctest::Contains("not a part; expected 0..3"), trident::usage_error);
   CHECK_THROWS_WITH_AS((void)s.owner(10), doctest::Contains("the split axis has 10 elements"), trident::usage_error);

@@ -351,6 +351,12 @@ TEST_CASE("linear rejects wrong sizes, naming the expected shape") {
   std::vector<float> x(2 * 4), w(3 * 4), b(3), y(2 * 3), dx(2 * 4), dw(3 * 4), db(3);
   CHECK_NOTHROW(fc.forward(2, x, w, b, y));
   CHECK_THROWS_AS(fc.forward(3, x, w, b, y), trident::usage_error);
+  // A batch whose products wrap (2^62 x 4 = 0) with empty arrays: refused, not run on them.
+  const std::size_t huge = std::size_t{1} << 62;
+  CHECK(message_of([&] { fc.forward(huge, {}, w, b, {}); }).find("[batch=4611686018427387904, in=4, out=3] has more elements") !=
+        std::string::npos);
+  CHECK(message_of([&] { fc.backward(huge, {}, w, {}, {}, dw, db); }).find("has more elements than std::size_t counts") !=
+        std::string::npos);
   CHECK(message_of([&] { fc.forward(3, x, w, b, y); }) ==
         "linear::forward: x has 8 elements, expected [batch=3, in=4] = 12");
   CHECK(message_of([&] { fc.forward(2, x, std::span<const float>{w}.first(11), b, y); }) ==

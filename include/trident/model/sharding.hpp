@@ -156,7 +156,18 @@ class sharding {
   friend bool operator==(const sharding&, const sharding&) = default;
 
  private:
-  explicit sharding(std::vector<std::size_t> shape) : shape_(std::move(shape)) {}
+  explicit sharding(std::vector<std::size_t> shape) : shape_(std::move(shape)) {
+    // numel() and the padded counts are products of the extents: checked here, never wrapped
+    // (a shape of 2^62 x 8 was an array of 0 elements).
+    std::size_t n = 1;
+    for (std::size_t d : shape_) {
+      if (__builtin_mul_overflow(n, d, &n)) {
+        std::string dims;
+        for (std::size_t e : shape_) dims += (dims.empty() ? "" : " x ") + std::to_string(e);
+        throw usage_error(detail::concat("sharding: a shape of ", dims, " has more elements than std::size_t counts"));
+      }
+    }
+  }
 
   static std::size_t product(const std::vector<std::size_t>& v) noexcept {
     std::size_t n = 1;
@@ -190,6 +201,9 @@ class sharding {
     TRIDENT_EXPECT(slices <= max / quantum, who, ": ", e, " elements padded to a multiple of ", quantum,
                    " overflow std::size_t");
     padded_ = slices * quantum;
+    std::size_t padded_numel = 0;
+    TRIDENT_EXPECT(!__builtin_mul_overflow(numel_without_axis(), padded_, &padded_numel), who, ": ", e,
+                   " elements along axis ", axis, ", padded to ", padded_, ", overflow std::size_t in all");
   }
   void check_part(int part, std::string_view who) const {
     TRIDENT_EXPECT(part >= 0 && part < parts_, who, "(", part, "): not a part; expected 0..", parts_ - 1);

@@ -73,9 +73,18 @@ inline void add_column_sums(float* db, const float* dy, std::size_t rows, std::s
   }
 }
 
-// Size checks shared by the host layer and the CUDA one (nn/cuda/layers.cuh).
+// Size checks shared by the host layer and the CUDA one (nn/cuda/layers.cuh). The products
+// first: a batch of 2^63 made batch x in wrap to 0 and empty arrays pass.
+inline void check_linear_extents(const char* who, std::size_t batch, std::size_t in, std::size_t out) {
+  std::size_t n = 0;
+  const bool fits = !__builtin_mul_overflow(batch, in, &n) && !__builtin_mul_overflow(batch, out, &n) &&
+                    !__builtin_mul_overflow(out, in, &n);
+  TRIDENT_EXPECT(fits, who, ": [batch=", batch, ", in=", in, ", out=", out, "] has more elements than std::size_t counts");
+}
+
 inline void check_linear_forward(const char* who, std::size_t batch, std::size_t in, std::size_t out,
                                  std::size_t x, std::size_t w, std::size_t b, std::size_t y) {
+  check_linear_extents(who, batch, in, out);
   TRIDENT_EXPECT(x == batch * in, who, ": x has ", x, " elements, expected [batch=", batch, ", in=", in, "] = ",
                  batch * in);
   TRIDENT_EXPECT(w == out * in, who, ": W has ", w, " elements, expected [out=", out, ", in=", in, "] = ", out * in);
@@ -87,6 +96,7 @@ inline void check_linear_forward(const char* who, std::size_t batch, std::size_t
 inline void check_linear_backward(const char* who, std::size_t batch, std::size_t in, std::size_t out,
                                   std::size_t x, std::size_t w, std::size_t dy, std::size_t dx, std::size_t dw,
                                   std::size_t db) {
+  check_linear_extents(who, batch, in, out);
   TRIDENT_EXPECT(x == batch * in, who, ": x has ", x, " elements, expected [batch=", batch, ", in=", in, "] = ",
                  batch * in);
   // W only serves dx: the first layer of a network (dx not wanted) need not pass its weights.
