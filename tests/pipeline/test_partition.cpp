@@ -59,4 +59,8 @@ TEST_CASE("pipeline partition: the slowest stage is as cheap as any contiguous s
   CHECK_THROWS_WITH_AS(pipeline::balanced({1, 2}, 3), doctest::Contains("2 layers cannot fill 3 non-empty stages"),
                        trident::usage_error);
   CHECK_THROWS_WITH_AS(pipeline::balanced({1, -2}, 1), doctest::Contains("layer 1 costs -2"), trident::usage_error);
+  // Finite costs whose sum is not (it gave empty stages and a slowest of inf).
+  CHECK_THROWS_WITH_AS(pipeline::balanced({1e308, 1e308, 1e308, 1e308}, 2), doctest::Contains("add up to more than a double holds"),
+                       trident::usage_error);
+  CHECK_THROWS_WITH_AS(pipeline::even({1e308, 1e308}, 2), doctest::Contains("add up to more than a double holds"), trident::usage_error);
 }

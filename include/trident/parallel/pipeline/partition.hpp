@@ -46,9 +46,16 @@ inline void check_partition(const char* who, const std::vector<double>& costs, i
   TRIDENT_EXPECT(p >= 1, who, ": ", p, " stages; expected at least 1");
   TRIDENT_EXPECT(costs.size() >= static_cast<std::size_t>(p), who, ": ", costs.size(), " layers cannot fill ", p,
                  " non-empty stages");
-  for (std::size_t l = 0; l < costs.size(); ++l)
+  double total = 0;
+  for (std::size_t l = 0; l < costs.size(); ++l) {
     TRIDENT_EXPECT(std::isfinite(costs[l]) && costs[l] >= 0, who, ": layer ", l, " costs ", costs[l],
                    "; expected a finite, non-negative cost");
+    total += costs[l];
+  }
+  // The stages' costs are differences of running sums: a total that overflows to inf made
+  // every split look alike (empty stages came back).
+  TRIDENT_EXPECT(std::isfinite(total), who, ": the layers' costs add up to more than a double holds (", total,
+                 "); scale them down");
 }
 }  // namespace detail
 
