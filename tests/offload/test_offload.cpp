@@ -355,3 +355,25 @@ TEST_CASE("offload: an NVMe store keeps what a pass wrote, through io_uring and 
   store->begin_pass(order);
   CHECK_THROWS_WITH_AS(store->acquire(2), doctest::Contains("out of the pass's order"), trident::usage_error);
 }
+
+TEST_CASE("offload: an NVMe store takes an empty piece (it read as an end of file and poisoned the store)") {
+  scratch_dir dir("empty_piece");
+  offload::store_request r;
+  r.fields = {trident::mem_category::parameters, trident::mem_category::optimizer_state};
+  r.pieces = {{0, 4}, {4, 0}, {4, 4}};
+  r.total = 8;
+  auto store = offload::nvme(dir.path)->make(r);
+  const std::vector<std::size_t> order = {0, 1, 2};
+  for (int pass = 0; pass < 2; ++pass) {
+    store->begin_pass(order);
+    for (std::size_t p : order) {
+      float* const* f = store->acquire(p);
+      for (std::size_t i = 0; i < r.pieces[p].size; ++i) {
+        CHECK(f[0][i] == (pass == 0 ? 0.0f : static_cast<float>(r.pieces[p].begin + i)));
+        f[0][i] = static_cast<float>(r.pieces[p].begin + i);
+      }
+      store->release(p, true);
+    }
+    store->end_pass();
+  }
+}

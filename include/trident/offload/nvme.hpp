@@ -404,6 +404,7 @@ class nvme_store final : public state_store {
     const std::size_t len = record(s.piece), off = offsets_[s.piece];
     long done = queue_->wait(s.ticket);
     s.state = slot::idle;  // its ticket is spent, whatever follows
+    if (len == 0 && done >= 0) return;  // an empty piece moves no bytes: not an end of file
     std::size_t moved = 0;
     while (done > 0 && moved + static_cast<std::size_t>(done) < len) {
       moved += static_cast<std::size_t>(done);
