@@ -248,3 +248,24 @@ TEST_CASE("optimizers with schedules: close to torch.optim float32 over 200 step
   CHECK(amsgrad_traces == 2);  // adam_amsgrad and adamw_amsgrad
   MESSAGE(traces, " traces compared, ", amsgrad_traces, " of them AMSGrad");
 }
+
+TEST_CASE("schedules: bad values are refused by name, not handed on as a NaN or negative lr") {
+  using trident::usage_error;
+  auto refused = [](auto schedule, std::int64_t step, const char* what) {
+    INFO(std::string(what));
+    CHECK_THROWS_WITH_AS((void)schedule(step), doctest::Contains(what), usage_error);
+  };
+  refused(optim::constant_lr{.lr = NAN}, 1, "constant_lr: lr must be finite and >= 0");
+  refused(optim::constant_lr{.lr = -1}, 1, "constant_lr: lr must be finite and >= 0");
+  refused(optim::constant_factor_lr{.lr = -1}, 1, "constant_factor_lr: lr must be finite");
+  refused(optim::constant_factor_lr{.total_iters = -3}, 1, "total_iters must be >= 0");
+  refused(optim::warmup_cosine_lr{.cos_min_ratio = NAN}, 5, "cos_min_ratio must be in [0, 1]");
+  refused(optim::warmup_cosine_lr{.cos_min_ratio = 5}, 5, "cos_min_ratio must be in [0, 1]");
+  refused(optim::warmup_cosine_lr{.warmup_min_ratio = -1}, 5, "warmup_min_ratio must be in [0, 1]");
+  refused(optim::warmup_cosine_lr{.total_steps = INT64_MIN}, 5, "total_steps must be >= 0");
+  // After the warm-up, too (the decay's lr was not checked there).
+  refused(optim::warmup_cosine_decay_lr{.lr = -1, .warmup_steps = 0}, 1, "warmup_cosine_decay_lr: lr must be finite");
+  refused(optim::warmup_linear_decay_lr{.lr = -1, .warmup_steps = 0}, 1, "warmup_linear_decay_lr: lr must be finite");
+  refused(optim::warmup_linear_decay_lr{.warmup_steps = INT64_MIN}, 10, "warmup_steps must be >= 0");
+  CHECK(optim::warmup_linear_decay_lr{.lr = 1.0, .warmup_steps = 0, .decay_steps = 10, .end_factor = 0.5}(1) == 1.0);
+}

@@ -82,6 +82,7 @@ struct constant_lr {
   double lr = 1e-3;
   double operator()(std::int64_t step) const {
     detail::check_step_number("constant_lr", step);
+    detail::check_lr("constant_lr", "lr", lr);
     return lr;
   }
 };
@@ -151,6 +152,11 @@ struct warmup_cosine_lr {
     detail::check_step_number("warmup_cosine_lr", step);
     detail::check_lr("warmup_cosine_lr", "lr", lr);
     TRIDENT_EXPECT(warmup_steps >= 1, "warmup_cosine_lr: warmup_steps must be >= 1, got ", warmup_steps);
+    TRIDENT_EXPECT(total_steps >= 0, "warmup_cosine_lr: total_steps must be >= 0, got ", total_steps);
+    TRIDENT_EXPECT(warmup_min_ratio >= 0 && warmup_min_ratio <= 1, "warmup_cosine_lr: warmup_min_ratio must be in [0, 1], got ",
+                   warmup_min_ratio);
+    TRIDENT_EXPECT(cos_min_ratio >= 0 && cos_min_ratio <= 1, "warmup_cosine_lr: cos_min_ratio must be in [0, 1], got ",
+                   cos_min_ratio);
     const std::int64_t i = step - 2;
     if (i < 0) return 0.0;
     const std::int64_t warm = std::max<std::int64_t>(2, warmup_steps);
@@ -193,7 +199,9 @@ struct constant_factor_lr {
 
   double operator()(std::int64_t step) const {
     detail::check_step_number("constant_factor_lr", step);
+    detail::check_lr("constant_factor_lr", "lr", lr);
     TRIDENT_EXPECT(factor >= 0 && factor <= 1, "constant_factor_lr: factor must be in [0, 1], got ", factor);
+    TRIDENT_EXPECT(total_iters >= 0, "constant_factor_lr: total_iters must be >= 0, got ", total_iters);
     return step - 1 < total_iters ? lr * factor : lr;
   }
 };
@@ -205,6 +213,8 @@ template <class Decay>
 double torch_sequential(const char* who, const linear_warmup_lr& warmup, std::int64_t decay_steps, std::int64_t step,
                         Decay decay) {
   check_step_number(who, step);
+  check_lr(who, "lr", warmup.lr);  // the decay's start: checked in the decay as in the warm-up
+  TRIDENT_EXPECT(warmup.warmup_steps >= 0, who, ": warmup_steps must be >= 0, got ", warmup.warmup_steps);
   TRIDENT_EXPECT(decay_steps >= 1, who, ": decay_steps must be >= 1, got ", decay_steps);
   if (step - 1 < warmup.warmup_steps) return warmup(step);
   return decay(static_cast<double>(step - 1 - warmup.warmup_steps));
