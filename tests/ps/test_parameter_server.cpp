@@ -92,3 +92,22 @@ TEST_CASE("ps: bad input is a usage error naming it") {
     }
   });
 }
+
+TEST_CASE("ps: a worker that pushes before pulling, or pulls twice, is told at once (it waited for the timeout)") {
+  for (const ps::options o : {ps::options{}, ps::options{.staleness = 1}}) {
+    local_world::run(3, [&](local_comm& c) {
+      const auto init = ps_suite::initial();
+      ps::parameter_server<local_comm, optim::sgd> ps(c, 1, init, sgd(), o);
+      if (ps.serving()) {
+        ps.serve(1);
+        return;
+      }
+      std::vector<float> params(init.size()), grad(init.size(), 0.5f);
+      CHECK_THROWS_WITH_AS(ps.push(grad), doctest::Contains("no pull() before it"), trident::usage_error);
+      ps.pull(params);
+      CHECK(params == init);
+      CHECK_THROWS_WITH_AS(ps.pull(params), doctest::Contains("pulled again without a push"), trident::usage_error);
+      ps.push(grad);  // the step goes on: the server's one step completes
+    });
+  }
+}

@@ -118,6 +118,10 @@ class parameter_server {
   //! steps applied) of the oldest shard received.
   std::int64_t pull(std::span<float> params) {
     check_worker("pull", params.size());
+    // The servers answer pulls and pushes in turn: a second pull would wait for ever for an
+    // answer that comes only after a push (until the backend's timeout, naming no cause).
+    TRIDENT_EXPECT(!pulled_, "ps::parameter_server::pull on rank ", rank_, ": pulled again without a push; each step is "
+                   "pull(), then push()");
     std::vector<std::int64_t> versions(static_cast<std::size_t>(servers_));
     std::vector<p2p_op<typename Comm::space>> ops;
     for (int k = 0; k < servers_; ++k) {
@@ -126,6 +130,7 @@ class parameter_server {
       ops.push_back(p2p_op<typename Comm::space>::recv(std::span<std::int64_t>(&versions[static_cast<std::size_t>(k)], 1), k));
     }
     mine_->exchange(std::span<const p2p_op<typename Comm::space>>(ops));
+    pulled_ = true;
     std::int64_t oldest = versions[0];
     for (auto v : versions) oldest = std::min(oldest, v);
     return oldest;
@@ -134,12 +139,15 @@ class parameter_server {
   //! Worker: its gradient for the step it pulled for, whole, to the servers.
   void push(std::span<const float> grad) {
     check_worker("push", grad.size());
+    TRIDENT_EXPECT(pulled_, "ps::parameter_server::push on rank ", rank_, ": no pull() before it; each step is pull(), then "
+                   "push() (the servers send the parameters first)");
     std::vector<p2p_op<typename Comm::space>> ops;
     for (int k = 0; k < servers_; ++k) {
       const auto [b, e] = shard(k);
       ops.push_back(p2p_op<typename Comm::space>::send(std::span<const float>(grad.data() + b, e - b), k));
     }
     mine_->exchange(std::span<const p2p_op<typename Comm::space>>(ops));
+    pulled_ = false;
   }
 
  private:
@@ -225,6 +233,7 @@ class parameter_server {
   options o_;
   std::vector<Comm> pairs_;   // server: one per worker
   std::optional<Comm> mine_;  // worker: the servers and this worker
+  bool pulled_ = false;        // worker: pulled, its push not made yet (the protocol alternates)
   std::vector<float> params_;
   std::array<std::vector<float>, Opt::state_count> states_;
   std::int64_t version_ = 0;
