@@ -238,5 +238,18 @@ TEST_CASE("diloco: bad options are usage errors naming them") {
     std::vector<float> two(2);
     CHECK_THROWS_WITH_AS(D(c, {std::span<float>(two)}, {.inner_steps = 4, .fragments = 3}), doctest::Contains("do not split"),
                          trident::usage_error);
+    // Ranks that disagree (each option alone valid): every rank is told, naming the option.
+    // Different H paired the all-reduces of different steps; a different outer lr or model size
+    // ran on without an error.
+    const int r = c.rank();
+    CHECK_THROWS_WITH_AS(D(c, {std::span<float>(p)}, {.inner_steps = 2 + r}),
+                         doctest::Contains("inner_steps is 3 on rank 1 and 2 on rank 0"), trident::usage_error);
+    local_sgd::diloco_options lr;
+    lr.outer.opt.lr = r == 0 ? 0.7f : 0.5f;
+    CHECK_THROWS_WITH_AS(D(c, {std::span<float>(p)}, lr), doctest::Contains("outer lr is 0.5 on rank 1"), trident::usage_error);
+    std::vector<float> sized(10 + static_cast<std::size_t>(r));
+    CHECK_THROWS_WITH_AS(D(c, {std::span<float>(sized)}), doctest::Contains("parameters is 11 on rank 1 and 10 on rank 0"),
+                         trident::usage_error);
+    CHECK_NOTHROW(D(c, {std::span<float>(p)}, {.inner_steps = 4}));  // and the group still works
   });
 }

@@ -47,6 +47,8 @@
 //     outer.step();              // every 100 steps: the outer step across workers
 //   }
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -154,6 +156,8 @@ class diloco {
     for (auto s : params_) n += s.size();
     TRIDENT_EXPECT(n >= static_cast<std::size_t>(o_.fragments), "local_sgd::diloco: ", n, " parameters do not split into ",
                    o_.fragments, " fragments");
+    check_agreement(*across_, "across", n);
+    if (inside_) check_agreement(*inside_, "inside", n);
     global_ = buffer<float, space>(n, mem_category::optimizer_state);
     gather(0, n, global_.data());
     if (o_.broadcast_initial) {
@@ -253,6 +257,34 @@ class diloco {
     space_span<float, space> delta;  // this rank's part of the fragment, in deltas_ (one outer step per H inner ones)
     request_type request;
   };
+
+  // Every rank of a group runs the same schedule on as many parameters: with another H the
+  // all-reduces of different steps were paired, with another outer lr the workers' global
+  // parameters drifted apart, and both ended without an error. One all-gather at construction.
+  void check_agreement(Comm& comm, const char* group, std::size_t n) {
+    const auto& outer = o_.outer.opt;
+    constexpr std::size_t k = 11;
+    static constexpr const char* names[k] = {"inner_steps", "fragments", "overlap", "mixing", "broadcast_initial", "outer lr",
+                                             "outer momentum", "outer dampening", "outer weight_decay", "outer nesterov",
+                                             "parameters"};
+    const std::array<double, k> mine = {double(o_.inner_steps), double(o_.fragments), double(o_.overlap), double(o_.mixing),
+                                        double(o_.broadcast_initial), double(outer.lr), double(outer.momentum),
+                                        double(outer.dampening), double(outer.weight_decay), double(outer.nesterov), double(n)};
+    const auto ranks = static_cast<std::size_t>(comm.size());
+    buffer<double, space> sent(k, mem_category::communication), all(k * ranks, mem_category::communication);
+    copy(space_span<const double, host_space>(mine.data(), k), space_span<double, space>(sent.data(), k));
+    comm.all_gather(space_span<const double, space>(sent.data(), k), space_span<double, space>(all.data(), all.size()));
+    if constexpr (!space::host_accessible) comm.synchronize();
+    std::vector<double> back(k * ranks);
+    copy(space_span<const double, space>(all.data(), all.size()), space_span<double, host_space>(back.data(), back.size()));
+    for (std::size_t r = 1; r < ranks; ++r)
+      for (std::size_t f = 0; f < k; ++f) {
+        const double a = back[f], b = back[r * k + f];
+        const bool same = a == b || (std::isnan(a) && std::isnan(b));
+        TRIDENT_EXPECT(same, "local_sgd::diloco: the ranks of the ", group, " group disagree: ", names[f], " is ", b, " on rank ",
+                       r, " and ", a, " on rank 0 (every rank must run the same schedule on the same parameters)");
+      }
+  }
 
   // This rank's part of fragment p: all of it, or its 1/k (padded to k equal chunks) inside a
   // worker of k ranks.
