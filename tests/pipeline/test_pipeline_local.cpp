@@ -120,6 +120,18 @@ TEST_CASE("pipeline executor: measured bubbles of sleeping stages match the simu
 
 namespace {
 
+// A stage that returns the wrong number of elements from forward (stage 0) or backward (stage 1).
+struct wrong_size_stage {
+  using input_type = std::vector<float>;
+  using output_type = std::vector<float>;
+  int k = 0;
+  int wrong = 0;  // 0: stage 0's forward, 2: stage 1's backward, else neither
+  std::size_t input_numel() const { return 4; }
+  std::size_t output_numel() const { return 4; }
+  std::vector<float> forward(const std::vector<float>& x, int) { return std::vector<float>(k == 0 && wrong == 0 ? 3 : x.size(), 1.0f); }
+  std::vector<float> backward(const std::vector<float>& dy, int) { return std::vector<float>(k == 1 && wrong == 2 ? 1 : dy.size()); }
+};
+
 // Another stage type, for ranks that build a different pipeline than their peers.
 struct other_stage {
   using input_type = std::vector<float>;
@@ -196,6 +208,29 @@ TEST_CASE("pipeline executor: bad input is a usage_error on every rank, never a 
         });
       },
       "the input of micro-batch 0 has 12 elements; stage 0 expects 18");
+  // Stages on one rank hand over in memory: a wrong size there (forward output, the loss's dy, a
+  // backward's dx) was passed on unseen; across ranks the communicator caught it.
+  for (int ranks : {1, 2})
+    for (int what : {0, 1, 2}) {
+      INFO("ranks ", ranks, ", case ", what);
+      expect_error(
+          [&] {
+            local_world::run(ranks, [&](local_comm& comm) {
+              pp::uniform_pipeline<wrong_size_stage, 2> pipe(comm, [&](auto k) {
+                return wrong_size_stage{static_cast<int>(decltype(k)::value), what};
+              });
+              const std::vector<float> x(4, 1.0f);
+              pipe.run(comm, ranks == 1 ? pp::interleaved_one_f_one_b(1, 1, 2) : pp::gpipe(2, 1), [&](int) -> const std::vector<float>& { return x; },
+                       [&](const std::vector<float>&, int, std::vector<float>& dy) {
+                         if (what == 1) dy.clear();
+                         return 0.0;
+                       });
+            });
+          },
+          what == 0   ? "stage 0's forward of micro-batch 0 returned 3 elements; its output_numel() is 4"
+          : what == 1 ? "the loss of micro-batch 0 left dy with 0 elements"
+                      : "stage 1's backward of micro-batch 0 returned 1 elements; its input_numel() is 4");
+    }
   // A schedule that splits the backward, over stages that cannot.
   local_world::run(2, [](local_comm& comm) {
     pp::uniform_pipeline<other_stage, 2> pipe(comm, [](auto) { return other_stage{}; });

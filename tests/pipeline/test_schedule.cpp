@@ -165,6 +165,11 @@ TEST_CASE("pipeline validator: broken schedules are rejected naming the rank, th
   r1.erase(std::find(r1.begin(), r1.end(), action{action_kind::backward_weight, 2, 1}));
   expect(no_w, "rank 1", "backward_input without backward_weight");
 
+  // A value cast into action_kind (the executor skipped it).
+  auto cast = pipeline::gpipe(2, 1);
+  cast.actions[0].insert(cast.actions[0].begin(), action{static_cast<action_kind>(42), 0, 0});
+  expect(cast, "rank 0, action 0", "kind 42 is not an action_kind");
+
   // Crossed sends: rank 0 sends micro-batch 1's activation before micro-batch 0's.
   auto crossed = pipeline::gpipe(2, 2);
   crossed.actions[0] = {{action_kind::forward, 0, 0},         {action_kind::forward, 1, 0},

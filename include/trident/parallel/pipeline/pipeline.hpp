@@ -453,9 +453,15 @@ class pipeline {
         return typename stage_type<K>::output_type(st.forward(node.mapped(), mb));
       }
     }();
+    // Checked here, not only by the communicator: a stage whose next stage is on this rank hands
+    // its output over in memory, and a wrong size went on unseen.
+    TRIDENT_EXPECT(detail::numel_of(y) == st.output_numel(), "pipeline::run: stage ", K, "'s forward of micro-batch ", mb,
+                   " returned ", detail::numel_of(y), " elements; its output_numel() is ", st.output_numel());
     if constexpr (K + 1 == sizeof...(Stages)) {
       output_type dy(static_cast<std::size_t>(st.output_numel()));
       out.losses[static_cast<std::size_t>(mb)] = static_cast<double>(loss(std::as_const(y), mb, dy));
+      TRIDENT_EXPECT(detail::numel_of(dy) == st.output_numel(), "pipeline::run: the loss of micro-batch ", mb, " left dy with ",
+                     detail::numel_of(dy), " elements; expected the last stage's output_numel(), ", st.output_numel());
       slot.output_grads.insert_or_assign(mb, std::move(dy));
     } else if (owns(static_cast<int>(K) + 1)) {
       std::get<K + 1>(slots_).inputs.insert_or_assign(mb, std::move(y));
@@ -480,6 +486,8 @@ class pipeline {
       return typename S::input_type(slot.stage->backward(node.mapped(), mb));
     }();
     if constexpr (K > 0) {
+      TRIDENT_EXPECT(detail::numel_of(dx) == slot.stage->input_numel(), "pipeline::run: stage ", K, "'s backward of micro-batch ",
+                     mb, " returned ", detail::numel_of(dx), " elements; its input_numel() is ", slot.stage->input_numel());
       if (owns(static_cast<int>(K) - 1)) std::get<K - 1>(slots_).output_grads.insert_or_assign(mb, std::move(dx));
       else slot.input_grads.insert_or_assign(mb, std::move(dx));
     }

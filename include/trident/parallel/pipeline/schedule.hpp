@@ -617,6 +617,8 @@ inline void validate(const schedule& s) {
           if (arrived_grad[k]) fail("received twice");
           arrived_grad[k] = true;
           break;
+        default:  // a value cast into the enum: the executor would skip it silently
+          fail(trident::detail::concat("kind ", static_cast<int>(a.kind), " is not an action_kind"));
       }
     }
   }
