@@ -351,6 +351,12 @@ TEST_CASE("linear rejects wrong sizes, naming the expected shape") {
   std::vector<float> x(2 * 4), w(3 * 4), b(3), y(2 * 3), dx(2 * 4), dw(3 * 4), db(3);
   CHECK_NOTHROW(fc.forward(2, x, w, b, y));
   CHECK_THROWS_AS(fc.forward(3, x, w, b, y), trident::usage_error);
+  // An output over an input: the product read what it had overwritten (wrong values, no error).
+  std::vector<float> xy(2 * 4, 1.0f);
+  CHECK(message_of([&] { fc.forward(2, xy, w, b, std::span<float>(xy).first(6)); }).find("y shares memory with x") !=
+        std::string::npos);
+  CHECK(message_of([&] { fc.backward(2, x, w, std::span<const float>(xy).first(6), xy, dw, db); }).find("shares memory") !=
+        std::string::npos);
   // A batch whose products wrap (2^62 x 4 = 0) with empty arrays: refused, not run on them.
   const std::size_t huge = std::size_t{1} << 62;
   CHECK(message_of([&] { fc.forward(huge, {}, w, b, {}); }).find("[batch=4611686018427387904, in=4, out=3] has more elements") !=

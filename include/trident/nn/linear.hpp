@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <span>
 
 #include "trident/core/error.hpp"
@@ -71,6 +73,15 @@ inline void add_column_sums(float* db, const float* dy, std::size_t rows, std::s
     }
     for (std::size_t o = full; o < out; ++o) db[o] += row[o];
   }
+}
+
+// Whether two arrays share memory: a layer's output over one of its inputs is overwritten
+// while the GEMM still reads it (wrong results, no error).
+template <class A, class B>
+bool share_memory(std::span<A> a, std::span<B> b) noexcept {
+  if (a.empty() || b.empty()) return false;
+  const auto x = reinterpret_cast<std::uintptr_t>(a.data()), y = reinterpret_cast<std::uintptr_t>(b.data());
+  return x < y + b.size_bytes() && y < x + a.size_bytes();
 }
 
 // Size checks shared by the host layer and the CUDA one (nn/cuda/layers.cuh). The products
@@ -131,6 +142,8 @@ struct linear {
                std::span<float> y) const {
     const std::size_t in = in_features, out = out_features;
     detail::check_linear_forward("linear::forward", batch, in, out, x.size(), w.size(), b.size(), y.size());
+    TRIDENT_EXPECT(!detail::share_memory(y, x) && !detail::share_memory(y, w) && !detail::share_memory(y, b),
+                   "linear::forward: y shares memory with x, W or b, which the product still reads; give y its own");
     if (b.empty()) {
       gemm(op::n, op::t, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, y.data(), out);
       return;
@@ -149,6 +162,11 @@ struct linear {
     const std::size_t in = in_features, out = out_features;
     detail::check_linear_backward("linear::backward", batch, in, out, x.size(), w.size(), dy.size(), dx.size(),
                                   dw.size(), db.size());
+    for (const auto out_span : {dx, dw, db})
+      TRIDENT_EXPECT(!detail::share_memory(out_span, x) && !detail::share_memory(out_span, w) && !detail::share_memory(out_span, dy),
+                     "linear::backward: dx, dW or db shares memory with x, W or dy, which the products still read");
+    TRIDENT_EXPECT(!detail::share_memory(dx, dw) && !detail::share_memory(dx, db) && !detail::share_memory(dw, db),
+                   "linear::backward: dx, dW and db share memory");
     if (!dx.empty()) gemm(op::n, op::n, batch, in, out, 1.0f, dy.data(), out, w.data(), in, 0.0f, dx.data(), in);
     gemm(op::t, op::n, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 1.0f, dw.data(), in);
     if (!db.empty()) detail::add_column_sums(db.data(), dy.data(), batch, out);  // rows in order: a fixed sum
