@@ -329,6 +329,10 @@ void block_equals_serial(Comm& tp, std::uint64_t seed, bool sequence_parallel = 
   std::vector<float> y(m * h), dx(m * h);
   auto grads = zeros_like(part);
   auto saved = parallel.make_activations();
+  // A backward on activations no forward filled returned gradients of nothing, silently.
+  CHECK_THROWS_WITH_AS(parallel.backward(tp, tensor::block_tensors<const float>::over(part), saved, dy_mine, dx,
+                                         tensor::block_tensors<float>::over(grads)),
+                       doctest::Contains("never filled by a forward"), trident::usage_error);
   parallel.forward(tp, tensor::block_tensors<const float>::over(part), x_mine, y, saved);
   parallel.backward(tp, tensor::block_tensors<const float>::over(part), saved, dy_mine, dx,
                     tensor::block_tensors<float>::over(grads));

@@ -160,6 +160,9 @@ struct basic_block_activations {
   // wait to be reduce-scattered ([seq x batch, hidden] each). Scratch: nothing in them is
   // kept from forward to backward (the norms' outputs are gathered again there).
   storage gathered, partial;
+  //! Set by forward: backward refuses activations that no forward wrote (it ran on them and
+  //! returned gradients of nothing).
+  bool filled = false;
 };
 using block_activations = basic_block_activations<host_space>;
 
@@ -330,6 +333,7 @@ class transformer_block {
     nn::gelu::forward(s.fc1_out.span(), s.gelu_out.span());
     row(fc2_, s.gelu_out.span(), w.fc2_weight, w.fc2_bias, y);
     for (std::size_t i = 0; i < m * h; ++i) y[i] += s.mid[i];
+    s.filled = true;
   }
 
   //! dx (overwritten) from dy, both [seq x batch, hidden] and the same on every rank; the
@@ -343,6 +347,8 @@ class transformer_block {
     TRIDENT_EXPECT(dy.size() == m * h && dx.size() == m * h, name_, ".backward: dy and dx must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", dy.size(), " and ", dx.size());
     check_activations(s);
+    TRIDENT_EXPECT(s.filled, name_, ".backward: these activations were never filled by a forward (make_activations() "
+                   "gives them empty)");
     const nn::layer_norm ln{h, c_.eps};
     if (c_.sequence_parallel) {
       backward_sequence_parallel(tp, w, s, dy, dx, g);

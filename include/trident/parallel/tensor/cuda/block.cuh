@@ -193,6 +193,7 @@ class transformer_block {
       row(fc2_, s.gelu_out.device_handle(), w.fc2_weight, w.fc2_bias, y);
     }
     nn::cuda::add_to(s.mid.device_handle(), y, stream);
+    s.filled = true;
   }
 
   //! dx (overwritten) from dy, shaped as forward's x and y; the parameters' gradients (this
@@ -206,6 +207,8 @@ class transformer_block {
     TRIDENT_EXPECT(dy.size() == m * h && dx.size() == m * h, name(), ".backward: dy and dx must be [", rows_name(), "=", m,
                    ", hidden=", h, "] = ", m * h, " elements; got ", dy.size(), " and ", dx.size());
     check_activations(s);
+    TRIDENT_EXPECT(s.filled, name(), ".backward: these activations were never filled by a forward (make_activations() "
+                   "gives them empty)");
     const cudaStream_t stream = ctx.stream();
     const nn::cuda::layer_norm ln{h, config().eps};
     const bool sp = config().sequence_parallel;
