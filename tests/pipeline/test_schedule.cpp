@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
+#include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -231,4 +234,14 @@ TEST_CASE("pipeline validator: broken schedules are rejected naming the rank, th
   auto missing = pipeline::gpipe(1, 2);
   missing.actions[0].pop_back();
   expect(missing, "rank 0", "has no backward");
+}
+
+TEST_CASE("pipeline schedules: sizes past 2^24 computations are refused (they overflowed or ran out of memory)") {
+  constexpr int big = std::numeric_limits<int>::max();
+  for (auto make : std::initializer_list<std::function<pipeline::schedule()>>{
+           [] { return pipeline::gpipe(big, 1); }, [] { return pipeline::one_f_one_b(3, big); }, [] { return pipeline::zb_h1(1 << 13, 1 << 12); },
+           [] { return pipeline::zb_h2(big, 1); }, [] { return pipeline::interleaved_one_f_one_b(2, 2, 1 << 30); },
+           [] { return pipeline::interleaved_one_f_one_b(65536, 65536, 65536); }})
+    CHECK_THROWS_WITH_AS(make(), doctest::Contains("(micro-batch, stage) computations; expected at most 16777216"), trident::usage_error);
+  CHECK_NOTHROW(pipeline::gpipe(4, 1 << 10));
 }

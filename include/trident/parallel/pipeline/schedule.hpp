@@ -118,8 +118,16 @@ struct schedule {
 
 namespace detail {
 
-inline void check_sizes(const char* who, int p, int m) {
+// A schedule holds a few actions per (micro-batch, stage): past this many its lists take
+// gigabytes and the generators' int arithmetic (2 p, v m, ...) comes near overflowing.
+inline constexpr std::int64_t max_computations = std::int64_t{1} << 24;
+
+inline void check_sizes(const char* who, int p, int m, int v = 1) {
   TRIDENT_EXPECT(p >= 1 && m >= 1, who, "(", p, " stages, ", m, " micro-batches): expected at least one of each");
+  const std::int64_t computations = std::int64_t{p} * std::int64_t{m} * std::int64_t{v};
+  TRIDENT_EXPECT(computations <= max_computations && std::int64_t{p} * v <= max_computations, who, "(", p, " ranks, ", m,
+                 " micro-batches", v > 1 ? trident::detail::concat(", ", v, " chunks") : std::string(), "): ", computations,
+                 " (micro-batch, stage) computations; expected at most ", max_computations);
 }
 
 // The forward of (mb, stage s) on its rank, with the receive before and the send after it.
@@ -261,6 +269,7 @@ inline schedule interleaved_one_f_one_b(int p, int m, int v) {
   TRIDENT_EXPECT(m % p == 0, "interleaved_one_f_one_b(", p, " ranks, ", m, " micro-batches, ", v,
                  " chunks): expected the micro-batches to be a multiple of the ranks (", p,
                  ", 2 x ", p, ", ...), as Megatron-LM's interleaved schedule requires");
+  detail::check_sizes("interleaved_one_f_one_b", p, m, v);
   const int stages = v * p, last = stages - 1, total = v * m;
   schedule s{"interleaved-1f1b", stages, p, m, std::vector<std::vector<action>>(static_cast<std::size_t>(p))};
   // Megatron's virtual micro-batch k: which micro-batch and which chunk, forwards and backwards.
