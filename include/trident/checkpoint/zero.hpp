@@ -273,31 +273,11 @@ inline std::map<std::string, std::uint64_t> read_manifest(const std::filesystem:
 }
 
 // The few collectives a checkpoint needs, on host values, for a communicator of any memory
-// space: a device communicator's are staged through its own space. (A copy from pageable memory
-// to a device may return before its DMA lands; one element copied back on the same legacy
-// stream returns after it, so the collective on the communicator's stream reads the value.)
-template <class T, class Space>
-void stage_in(const T* host, std::size_t n, buffer<T, Space>& device) {
-  trident::copy(space_span<const T, host_space>(host, n), space_span<T, Space>(device.data(), n));
-  if (n != 0) {
-    T probe{};
-    trident::copy(space_span<const T, Space>(device.data(), 1), space_span<T, host_space>(&probe, 1));
-  }
-}
+// space: a device communicator's are staged through its own space (trident::detail::stage_in).
+using trident::detail::stage_in;
 template <communicator Comm>
 std::vector<std::uint64_t> all_gather_values(Comm& comm, std::uint64_t mine) {
-  using space = typename Comm::space;
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()), 0);
-  if constexpr (space::host_accessible) {
-    comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all));
-  } else {
-    buffer<std::uint64_t, space> in(1, mem_category::communication), out(all.size(), mem_category::communication);
-    stage_in(&mine, 1, in);
-    comm.all_gather(in, out);
-    comm.synchronize();
-    trident::copy(space_span<const std::uint64_t, space>(out.data(), all.size()), space_span<std::uint64_t, host_space>(all));
-  }
-  return all;
+  return trident::detail::all_gather_small(comm, std::span<const std::uint64_t>(&mine, 1));
 }
 template <communicator Comm, class T>
 void broadcast_values(Comm& comm, std::vector<T>& values, int root) {

@@ -604,4 +604,38 @@ concept communicator =
       { c.exchange_async(ops) } -> request;
     };
 
+namespace detail {
+
+//! Copies n host values into a buffer of any space for a collective on a communicator's own
+//! stream. A copy from pageable memory to a device may return before its DMA lands; one element
+//! copied back on the same legacy stream returns after it, so the collective reads the values.
+template <class T, class Space>
+void stage_in(const T* host, std::size_t n, buffer<T, Space>& staged) {
+  trident::copy(space_span<const T, host_space>(host, n), space_span<T, Space>(staged.data(), n));
+  if (n != 0) {
+    T probe{};
+    trident::copy(space_span<const T, Space>(staged.data(), 1), space_span<T, host_space>(&probe, 1));
+  }
+}
+
+//! A few host values from every rank, in rank order, over a communicator of any space (a
+//! device's are staged through its memory): for checks that the ranks agree, not for payloads.
+template <communicator Comm, class T>
+std::vector<T> all_gather_small(Comm& comm, std::span<const T> mine) {
+  using space = typename Comm::space;
+  std::vector<T> all(mine.size() * static_cast<std::size_t>(comm.size()));
+  if constexpr (space::host_accessible) {
+    comm.all_gather(mine, std::span<T>(all));
+  } else {
+    buffer<T, space> in(mine.size(), mem_category::communication), out(all.size(), mem_category::communication);
+    stage_in(mine.data(), mine.size(), in);
+    comm.all_gather(in, out);
+    comm.synchronize();
+    trident::copy(space_span<const T, space>(out.data(), all.size()), space_span<T, host_space>(all));
+  }
+  return all;
+}
+
+}  // namespace detail
+
 }  // namespace trident

@@ -271,12 +271,7 @@ class diloco {
                                         double(o_.broadcast_initial), double(outer.lr), double(outer.momentum),
                                         double(outer.dampening), double(outer.weight_decay), double(outer.nesterov), double(n)};
     const auto ranks = static_cast<std::size_t>(comm.size());
-    buffer<double, space> sent(k, mem_category::communication), all(k * ranks, mem_category::communication);
-    copy(space_span<const double, host_space>(mine.data(), k), space_span<double, space>(sent.data(), k));
-    comm.all_gather(space_span<const double, space>(sent.data(), k), space_span<double, space>(all.data(), all.size()));
-    if constexpr (!space::host_accessible) comm.synchronize();
-    std::vector<double> back(k * ranks);
-    copy(space_span<const double, space>(all.data(), all.size()), space_span<double, host_space>(back.data(), back.size()));
+    const std::vector<double> back = trident::detail::all_gather_small(comm, std::span<const double>(mine));
     for (std::size_t r = 1; r < ranks; ++r)
       for (std::size_t f = 0; f < k; ++f) {
         const double a = back[f], b = back[r * k + f];

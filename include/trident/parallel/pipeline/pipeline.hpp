@@ -146,7 +146,7 @@ std::vector<std::uint64_t> all_reduce_small(Comm& comm, const std::vector<std::u
     return out;
   } else {
     buffer<std::uint64_t, Space> in(mine.size()), out(mine.size());
-    copy(space_span<const std::uint64_t, host_space>(mine.data(), mine.size()), space_span<std::uint64_t, Space>(in));
+    trident::detail::stage_in(mine.data(), mine.size(), in);  // the collective reads the values, not a DMA in flight
     comm.all_reduce(in, out, op);
     comm.synchronize();
     return to_vector(out);
