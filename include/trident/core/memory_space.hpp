@@ -7,6 +7,7 @@
 //   concept memory_space<S>      how a type opts in (below)
 //   concept host_accessible_space<S>, device_accessible_space<S>
 //   inline constexpr std::size_t buffer_alignment = 256;
+//   bool detail::overlaps(a, a_bytes, b, b_bytes)   whether two byte ranges share memory
 //
 // A buffer's space is part of its type (Kokkos-style), so passing device memory where host
 // memory is needed is a compile-time error, and a backend can state which spaces it accepts.
@@ -23,6 +24,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <string_view>
 
@@ -132,5 +134,16 @@ struct cuda_space {
 };
 
 static_assert(memory_space<host_space> && memory_space<pinned_host_space> && memory_space<cuda_space>);
+
+namespace detail {
+//! Whether [a, a + a_bytes) and [b, b + b_bytes) share memory (empty ranges share none): an
+//! output over an input that a kernel still reads is a wrong result, not an error, unless checked.
+inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+}  // namespace detail
 
 }  // namespace trident

@@ -24,11 +24,11 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <initializer_list>
 #include <span>
 
 #include "trident/core/error.hpp"
+#include "trident/core/memory_space.hpp"
 #include "trident/nn/gemm.hpp"
 
 namespace trident::nn {
@@ -79,9 +79,7 @@ inline void add_column_sums(float* db, const float* dy, std::size_t rows, std::s
 // while the GEMM still reads it (wrong results, no error).
 template <class A, class B>
 bool share_memory(std::span<A> a, std::span<B> b) noexcept {
-  if (a.empty() || b.empty()) return false;
-  const auto x = reinterpret_cast<std::uintptr_t>(a.data()), y = reinterpret_cast<std::uintptr_t>(b.data());
-  return x < y + b.size_bytes() && y < x + a.size_bytes();
+  return trident::detail::overlaps(a.data(), a.size_bytes(), b.data(), b.size_bytes());
 }
 
 // Size checks shared by the host layer and the CUDA one (nn/cuda/layers.cuh). The products

@@ -82,6 +82,7 @@
 #include "trident/core/config.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/half.hpp"
+#include "trident/core/memory_space.hpp"
 #include "trident/exec/thread_pool.hpp"
 #include "trident/optim/host_simd.hpp"
 
@@ -289,12 +290,7 @@ void check_adam_options(const char* who, const Options& o) {
   check_option(who, "weight_decay", o.weight_decay, 0, inf, true);
 }
 
-inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
-  if (a_bytes == 0 || b_bytes == 0) return false;
-  const auto x = reinterpret_cast<std::uintptr_t>(a);
-  const auto y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
+using trident::detail::overlaps;  // core/memory_space.hpp
 
 //! Shared by the host and the CUDA step: sizes, step number and no overlap between the arrays
 //! written (the kernels assume none: restrict).
